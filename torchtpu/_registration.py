@@ -1,0 +1,60 @@
+"""Making "tpu" a PyTorch device: PrivateUse1 renamed, torch.tpu, hooks, guard, serialization."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id: int) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def get_device_count(self) -> int:
+        return 1
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    def type_(self) -> Any:
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _ser_tag(obj: Any) -> str | None:
+    if obj.device.type == "tpu":
+        return "tpu"
+    return None
+
+
+def _ser_restore(storage: Any, location: str) -> Any:
+    """torch.load for storages saved on tpu or mapped to it (map_location="tpu").
+
+    The default path would call torch.UntypedStorage(n, device="tpu"), which needs a C++
+    allocator we do not have; build the storage from the host bytes instead."""
+    if not location.startswith("tpu"):
+        return None
+    from .device import _index
+    from .tensor.minimal import from_cpu
+
+    _index(location)
+    host = storage if storage.device.type == "cpu" else storage.cpu()
+    t = torch.empty(0, dtype=torch.uint8).set_(host)
+    return from_cpu(t).untyped_storage()
+
+
+def register_device() -> None:
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    from . import device
+
+    _setup_privateuseone_for_python_backend("tpu", backend_module=device.make_module(), hook=_Hooks(), device_guard=_Guard())
+    torch.serialization.register_package(5, _ser_tag, _ser_restore)

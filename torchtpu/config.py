@@ -1,0 +1,38 @@
+"""Every TORCHTPU_* environment variable, its default and meaning, in one table.
+
+Values are read when asked for (not cached at import), so tests can set them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    default: str
+    meaning: str
+
+
+ENV_VARS: dict[str, EnvVar] = {
+    v.name: v
+    for v in [
+        EnvVar("TORCHTPU_PLATFORM", "", "PjRT platform: cpu, tpu or cuda. Empty: the best installed one."),
+        EnvVar("TORCHTPU_CPU_FALLBACK", "0", "1: run ops without a lowering on the host (warns once per op)."),
+        EnvVar("TORCHTPU_LIBTPU_PATH", "", "Path to libtpu.so for the tpu platform (default: the libtpu package)."),
+        EnvVar("TORCHTPU_CUDA_PLUGIN_PATH", "", "Path to the CUDA PjRT plugin .so (default: the jax-cuda*-pjrt package)."),
+        EnvVar("TORCHTPU_VERIFY_XLA_FLAGS", "1", "1: check XLA_FLAGS in a child process before the client reads them."),
+        EnvVar("TORCHTPU_LOG_COMPILES", "0", "1: print one line per compiled program (op, shapes, milliseconds)."),
+    ]
+}
+
+
+def get(name: str) -> str:
+    var = ENV_VARS[name]
+    return os.environ.get(name, var.default)
+
+
+def flag(name: str) -> bool:
+    return get(name).strip().lower() in ("1", "true", "yes", "on")

@@ -1,0 +1,227 @@
+"""``torch.tpu``: the device module, mirroring ``torch.cuda``.
+
+One device per process (``tpu:0``), as on the reference system; multi-device work runs
+one process per device under torchrun.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import namedtuple
+from typing import Any
+
+import torch
+
+from ..runtime import memory as _memory
+from ..runtime import pjrt as _pjrt
+
+_DeviceProperties = namedtuple("_DeviceProperties", ["name", "platform", "type", "total_memory", "supports_float64"])
+
+
+def one_device_error(index: Any) -> RuntimeError:
+    return RuntimeError(
+        f"torchtpu: device index {index} is not available: each process drives exactly one device, tpu:0. "
+        "To use several devices, run one process per device (torchrun --nproc-per-node=N) and use 'tpu' "
+        "(or 'tpu:0') in each."
+    )
+
+
+def _index(device: Any) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        idx = device
+    else:
+        d = torch.device(device)
+        if d.type != "tpu":
+            raise ValueError(f"expected a tpu device, got {d}")
+        idx = 0 if d.index is None else d.index
+    if idx != 0:
+        raise one_device_error(idx)
+    return 0
+
+
+def is_available() -> bool:
+    """True when a PjRT client can be started (always, for the embedded cpu platform)."""
+    try:
+        _pjrt.get()
+    except Exception:  # noqa: BLE001 - any start-up failure means "not available"
+        return False
+    return True
+
+
+def is_initialized() -> bool:
+    return _pjrt.started()
+
+
+def init() -> None:
+    _pjrt.get()
+
+
+def device_count() -> int:
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device: Any) -> None:
+    _index(device)
+
+
+class device:  # noqa: N801 - mirrors torch.cuda.device
+    """Context manager selecting the device (only tpu:0 exists in a process)."""
+
+    def __init__(self, device: Any):
+        self.idx = _index(device) if device is not None else None
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait until every computation enqueued on the device has finished."""
+    _index(device)
+    from ..eager.dispatch import synchronize as _sync
+
+    _sync()
+
+
+def get_device_name(device: Any = None) -> str:
+    _index(device)
+    return _pjrt.get().device_name()
+
+
+def get_device_properties(device: Any = None) -> _DeviceProperties:
+    _index(device)
+    rt = _pjrt.get()
+    total = 0
+    try:
+        total = int(rt.device.memory_stats().get("bytes_limit", 0))
+    except Exception:  # noqa: BLE001 - the cpu client has no memory stats
+        total = 0
+    return _DeviceProperties(rt.device_name(), rt.platform, "tpu", total, rt.supports_f64)
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    _index(device)
+    return (0, 0)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+# -- random ---------------------------------------------------------------------------------
+def manual_seed(seed: int) -> None:
+    from ..eager import rng
+
+    rng.manual_seed(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    manual_seed(seed)
+
+
+def seed() -> None:
+    import random
+
+    manual_seed(random.getrandbits(63))
+
+
+def seed_all() -> None:
+    seed()
+
+
+def initial_seed() -> int:
+    from ..eager import rng
+
+    return rng.initial_seed()
+
+
+def get_rng_state(device: Any = None) -> torch.Tensor:
+    from ..eager import rng
+
+    _index(device)
+    return rng.get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
+    from ..eager import rng
+
+    _index(device)
+    rng.set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state()]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    set_rng_state(new_states[0])
+
+
+# -- memory ---------------------------------------------------------------------------------
+def memory_allocated(device: Any = None) -> int:
+    """Bytes held by live tpu storages."""
+    _index(device)
+    return _memory.current()
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    _index(device)
+    return _memory.peak()
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    _index(device)
+    _memory.reset_peak()
+
+
+def reset_max_memory_allocated(device: Any = None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def memory_reserved(device: Any = None) -> int:
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return max_memory_allocated(device)
+
+
+def memory_stats(device: Any = None) -> dict[str, int]:
+    _index(device)
+    s = _memory.snapshot()
+    return {
+        "allocated_bytes.all.current": s["allocated_bytes"],
+        "allocated_bytes.all.peak": s["peak_bytes"],
+        "allocation.all.allocated": s["num_allocs"],
+        "allocation.all.freed": s["num_frees"],
+        "allocation.all.current": s["num_allocs"] - s["num_frees"],
+        "reserved_bytes.all.current": s["allocated_bytes"],
+        "reserved_bytes.all.peak": s["peak_bytes"],
+    }
+
+
+def empty_cache() -> None:
+    """Nothing to release: device buffers are freed when their last tensor dies."""
+
+
+def make_module() -> types.ModuleType:
+    """The object installed as ``torch.tpu``."""
+    import sys
+
+    return sys.modules[__name__]

@@ -1,0 +1,161 @@
+"""Per-op plans: what the eager kernel needs to know about an op's schema, worked out once.
+
+For an op that mutates (``add_``, ``add.out``, ``_foreach_mul_``, ``_fused_adamw_``), the
+plan finds its functional variant (``add``, ``_foreach_mul``, ``_fused_adamw``): that
+is what gets lowered, and its extra results are written back into the mutated tensors
+(the same convention torch.func.functionalize uses).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from ..lowering import registry
+
+KIND_TENSOR, KIND_TENSOR_LIST, KIND_SCALAR, KIND_SCALAR_LIST, KIND_STATIC = range(5)
+_MISSING = object()
+
+
+def _kind(t: Any) -> int:
+    if isinstance(t, torch._C.OptionalType):
+        t = t.getElementType()
+    if isinstance(t, torch._C.TensorType):
+        return KIND_TENSOR
+    if isinstance(t, torch._C.ListType):
+        e = t.getElementType()
+        if isinstance(e, torch._C.OptionalType):
+            e = e.getElementType()
+        if isinstance(e, torch._C.TensorType):
+            return KIND_TENSOR_LIST
+        if isinstance(e, torch._C.NumberType):
+            return KIND_SCALAR_LIST
+        return KIND_STATIC
+    if isinstance(t, (torch._C.NumberType, torch._C.FloatType)):
+        return KIND_SCALAR
+    return KIND_STATIC
+
+
+def _is_write(a: Any) -> bool:
+    return a.alias_info is not None and a.alias_info.is_write
+
+
+def _signature(schema: Any, drop_out: bool) -> list[str]:
+    return [a.name for a in schema.arguments if not (drop_out and a.kwarg_only and _is_write(a))]
+
+
+def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """``add_.Tensor -> add.Tensor``, ``add.out -> add.Tensor``, ``_fused_adamw_ -> _fused_adamw``,
+    ``normal_ -> normal_functional``, ``_native_batch_norm_legit -> ..._functional``."""
+    schema = op._schema
+    if not any(_is_write(a) for a in schema.arguments):
+        return op
+    base = schema.name.split("::")[1]
+    want = _signature(schema, drop_out=True)
+    stem = base[:-1] if base.endswith("_") and not base.endswith("__") else base
+    for cand in dict.fromkeys([stem, stem + "_functional", base + "_functional", stem.lstrip("_")]):
+        packet = getattr(torch.ops.aten, cand, None)
+        if packet is None:
+            continue
+        for name in packet.overloads():
+            ov = getattr(packet, name)
+            if ov is op or any(_is_write(a) for a in ov._schema.arguments):
+                continue
+            if _signature(ov._schema, drop_out=False) == want:
+                return ov
+    return None
+
+
+class OpPlan:
+    def __init__(self, op: torch._ops.OpOverload):
+        schema = op._schema
+        self.op = op
+        self.name = op.name()
+        args = schema.arguments
+        self.names = [a.name for a in args]
+        self.kwarg_only = [a.kwarg_only for a in args]
+        self.defaults = [a.default_value if a.has_default_value() else _MISSING for a in args]
+        self.kinds = [_kind(a.type) for a in args]
+        self.mutable = [i for i, a in enumerate(args) if _is_write(a)]
+        self.out_positions = [i for i in self.mutable if args[i].kwarg_only]
+        functional = functional_variant(op)
+        if functional is None:
+            raise NotImplementedError(f"torchtpu: no functional variant found for {self.name}")
+        self.functional = functional
+        fschema = functional._schema
+        self.f_args = [(a.name, a.kwarg_only, self.names.index(a.name) if a.name in self.names else -1, a) for a in fschema.arguments]
+        self.functional_returns_tuple = len(fschema.returns) != 1
+        self.n_plain = sum(1 for r in schema.returns if not (r.alias_info is not None and r.alias_info.is_write))
+        self.return_sources = self._return_sources(schema)
+        self.single_return = len(schema.returns) == 1
+        self.lift_scalars = functional in registry.RULES and functional not in registry.STATIC_SCALARS
+        self.random = functional in registry.RANDOM
+
+    def _return_sources(self, schema: Any) -> list[tuple[str, int]]:
+        sources = []
+        plain = 0
+        for r in schema.returns:
+            if r.alias_info is not None and r.alias_info.is_write:
+                sets = r.alias_info.before_set
+                idx = next(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.before_set == sets)
+                sources.append(("arg", idx))
+            else:
+                sources.append(("new", plain))
+                plain += 1
+        return sources
+
+    # -- arguments -------------------------------------------------------------
+    def bind(self, args: tuple, kwargs: dict) -> list[Any]:
+        values = list(args)
+        for i in range(len(args), len(self.names)):
+            v = kwargs.get(self.names[i], _MISSING)
+            if v is _MISSING:
+                v = self.defaults[i]
+                if v is _MISSING:
+                    raise TypeError(f"{self.name}: missing argument {self.names[i]!r}")
+            values.append(v)
+        return values
+
+    def functional_args(self, values: list[Any]) -> tuple[list[Any], dict[str, Any]]:
+        fargs, fkwargs = [], {}
+        for name, kwonly, idx, a in self.f_args:
+            v = values[idx] if idx >= 0 else (a.default_value if a.has_default_value() else None)
+            if kwonly:
+                fkwargs[name] = v
+            else:
+                fargs.append(v)
+        return fargs, fkwargs
+
+    def functional_meta(self, values: list[Any]) -> list[Any]:
+        metas = [_meta(v) for v in values]
+        fargs, fkwargs = self.functional_args(metas)
+        out = self.functional(*fargs, **fkwargs)
+        return list(out) if self.functional_returns_tuple else [out]
+
+    def mutated_tensors(self, values: list[Any]) -> list[Any]:
+        out = []
+        for i in self.mutable:
+            v = values[i]
+            out.extend(v if isinstance(v, (list, tuple)) else [v])
+        return out
+
+    def returns(self, values: list[Any], plain: list[Any]) -> Any:
+        res = [values[i] if kind == "arg" else plain[i] for kind, i in self.return_sources]
+        if not res:
+            return None
+        return res[0] if self.single_return else tuple(res)
+
+
+def _meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+    if isinstance(v, (list, tuple)) and v and any(isinstance(x, torch.Tensor) for x in v):
+        return type(v)(_meta(x) for x in v)
+    return v
+
+
+@functools.cache
+def plan_for(op: torch._ops.OpOverload) -> OpPlan:
+    return OpPlan(op)

@@ -1,0 +1,117 @@
+"""Registering kernels with the PyTorch dispatcher for the PrivateUse1 ("tpu") key.
+
+At autoload only the runtime kernels (allocation, copies, views) and the safety-net
+fallback are registered; the op kernels are registered on first device use, so that
+``import torch`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any
+
+import torch
+
+from .. import config
+from ..errors import not_implemented
+
+_libs: list[torch.library.Library] = []
+_ops_registered = False
+_lock = threading.Lock()
+REGISTERED_OPS: set[Any] = set()
+
+
+def _is_view(op: torch._ops.OpOverload) -> bool:
+    rets = op._schema.returns
+    return bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+
+
+def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Every op without a tpu kernel lands here."""
+    if config.flag("TORCHTPU_CPU_FALLBACK"):
+        from .fallback import run_on_cpu
+
+        return run_on_cpu(op, args, kwargs)
+    raise not_implemented(op.name() if hasattr(op, "name") else str(op))
+
+
+def register_runtime_kernels() -> None:
+    from ..tensor.minimal import kernels
+
+    lib = torch.library.Library("aten", "IMPL")
+    for op, fn in kernels().items():
+        lib.impl(op, fn, "PrivateUse1")
+    fb = torch.library.Library("_", "IMPL")
+    fb.fallback(_fallback, "PrivateUse1")
+    autocast = torch.library.Library("_", "IMPL")
+    autocast.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    _libs.extend([lib, fb, autocast])
+
+
+def _make_kernel(op: torch._ops.OpOverload) -> Any:
+    from .dispatch import run
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return run(op, args, kwargs)
+
+    kernel.__name__ = f"tpu_{op.name()}"
+    return kernel
+
+
+def supported_ops() -> list[torch._ops.OpOverload]:
+    """Every aten overload the eager path can run: it (or its functional variant) has a
+    rule or a decomposition, and the dispatcher would not decompose it before us."""
+    from ..lowering import registry
+    from ..lowering.decomp import OWN, _pytorch_tables
+    from ..tensor.minimal import kernels
+    from .plan import functional_variant
+
+    registry._load_rules()
+    core, full = _pytorch_tables()
+    runtime = set(kernels())
+    supported_packets = {
+        op.name().split("::")[-1].split(".")[0] for op in [*registry.RULES, *core, *full, *OWN] if isinstance(op, torch._ops.OpOverload)
+    }
+    out = []
+    for qualified in torch._C._dispatch_get_all_op_names():
+        if not qualified.startswith("aten::"):
+            continue
+        name, _, overload = qualified[6:].partition(".")
+        stem = name[:-1] if name.endswith("_") else name
+        if name not in supported_packets and stem not in supported_packets and stem + "_functional" not in supported_packets:
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeImplicitAutograd"):
+            continue
+        try:
+            op = getattr(getattr(torch.ops.aten, name), overload or "default")
+        except AttributeError:
+            continue
+        if op in runtime or _is_view(op):
+            continue
+        try:
+            fop = functional_variant(op)
+        except Exception:  # noqa: BLE001 - schema oddities: not supported
+            continue
+        if fop is None:
+            continue
+        if fop in registry.RULES or fop in OWN or fop in core or fop in full:
+            out.append(op)
+    return out
+
+
+def ensure_op_kernels() -> None:
+    global _ops_registered
+    if _ops_registered:
+        return
+    with _lock:
+        if _ops_registered:
+            return
+        lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for op in supported_ops():
+                lib.impl(op, _make_kernel(op), "PrivateUse1")
+                REGISTERED_OPS.add(op)
+        _libs.append(lib)
+        _ops_registered = True

@@ -1,0 +1,53 @@
+"""The device RNG state: (seed, counter), kept on the host.
+
+Each random op gets ``[seed, counter]`` as a u64[2] operand and derives its bits with
+``stablehlo.rng_bit_generator`` (Philox) from it; the counter then moves on. The same
+seed therefore gives the same sequence of random ops, and the state never enters a
+cache key.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+STATE_KEY = "rng"
+_lock = threading.Lock()
+_seed = 67280421310721  # PyTorch's default CPU seed
+_counter = 0
+
+
+def manual_seed(seed: int) -> None:
+    global _seed, _counter
+    with _lock:
+        _seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        _counter = 0
+
+
+def initial_seed() -> int:
+    return _seed
+
+
+def next_state_buffer() -> object:
+    global _counter
+    from ..runtime import pjrt
+
+    with _lock:
+        state = np.array([_seed, _counter], dtype=np.uint64)
+        _counter += 1
+    return pjrt.get().put(state)
+
+
+def get_state() -> torch.Tensor:
+    return torch.from_numpy(np.array([_seed, _counter], dtype=np.uint64).view(np.uint8).copy())
+
+
+def set_state(state: torch.Tensor) -> None:
+    global _seed, _counter
+    arr = state.detach().cpu().contiguous().numpy().view(np.uint64)
+    if arr.size != 2:
+        raise ValueError(f"torch.tpu.set_rng_state expects the 16-byte tensor get_rng_state returns, got {state.numel()} bytes")
+    with _lock:
+        _seed, _counter = int(arr[0]), int(arr[1])

@@ -1,0 +1,202 @@
+"""Lowering one op call (or a whole FX graph) into the builder, through the registry.
+
+``lower_call`` is the single entry point every consumer uses: it finds the rule for an
+OpOverload, or traces PyTorch's decomposition of it into ops that have rules, and
+lowers those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..errors import not_implemented
+from ..stablehlo.builder import Builder, Value
+from ..stablehlo.types import is_complex, is_float
+from . import registry
+
+aten = torch.ops.aten
+
+
+class ScalarValue(Value):
+    """A Python number passed to the program as a 0-d operand (so that its value is
+    not part of the cache key). It promotes like the Python number it stands for."""
+
+    __slots__ = ("pytype",)
+
+    def __init__(self, name: str, dtype: torch.dtype, pytype: type):
+        super().__init__(name, (), dtype)
+        self.pytype = pytype
+
+
+class TensorSpec:
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape: Sequence[int], dtype: torch.dtype):
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = dtype
+
+    def __repr__(self) -> str:
+        return f"TensorSpec({self.shape}, {self.dtype})"
+
+
+class ProgramContext:
+    """State shared by every node of one program."""
+
+    def __init__(self, builder: Builder | None = None, precision: str = "DEFAULT"):
+        self.b = builder or Builder()
+        self.precision = precision
+        self.rng_state: Value | None = None  # u64[2] threaded through random ops
+        self.supports_f64 = True
+
+    def new_rng_param(self) -> Value:
+        self.rng_state = self.b.param((2,), torch.uint64)
+        return self.rng_state
+
+
+def _spec_of(meta: Any) -> TensorSpec | None:
+    if isinstance(meta, torch.Tensor):
+        return TensorSpec(meta.shape, meta.dtype)
+    return None
+
+
+class NodeLowering:
+    """What a rule receives as ``L``: builder, output specs, helpers."""
+
+    def __init__(self, ctx: ProgramContext, op: Any, out_meta: Any):
+        self.ctx = ctx
+        self.b = ctx.b
+        self.op = op
+        self.out_meta = out_meta
+        flat, _ = tree_flatten(out_meta)
+        self.out: list[TensorSpec | None] = [_spec_of(m) for m in flat]
+
+    # -- scalars and dtypes -------------------------------------------------------
+    def scalar(self, x: Any, dtype: torch.dtype) -> Value:
+        """A 0-d Value of ``dtype`` from a Python number, a ScalarValue or a 0-d Value."""
+        if isinstance(x, Value):
+            return self.b.convert(x, dtype)
+        return self.b.constant(x, dtype)
+
+    def full(self, x: Any, shape: Sequence[int], dtype: torch.dtype) -> Value:
+        s = self.scalar(x, dtype)
+        return self.b.broadcast_in_dim(s, tuple(shape), [])
+
+    def to(self, x: Value, dtype: torch.dtype) -> Value:
+        if x.dtype == dtype:
+            return x
+        if dtype is torch.bool:
+            return self.b.compare(x, self.b.broadcast_in_dim(self.b.constant(0, x.dtype), x.shape, []), "NE")
+        if x.dtype is torch.bool and (is_float(dtype) or is_complex(dtype)):
+            return self.b.convert(self.b.convert(x, torch.int32), dtype)
+        if is_complex(x.dtype) and not is_complex(dtype):
+            x = self.b.op1("stablehlo.real", [x], x.shape, torch.float32 if x.dtype is torch.complex64 else torch.float64)
+        return self.b.convert(x, dtype)
+
+    def broadcast_to(self, x: Value, shape: Sequence[int]) -> Value:
+        """NumPy broadcasting of ``x`` to ``shape``."""
+        shape = tuple(int(d) for d in shape)
+        if x.shape == shape:
+            return x
+        lead = len(shape) - x.rank
+        if lead < 0:
+            raise ValueError(f"cannot broadcast {x.shape} to {shape}")
+        squeeze = [d for i, d in enumerate(x.shape) if not (d == 1 and shape[lead + i] != 1)]
+        dims = [lead + i for i, d in enumerate(x.shape) if not (d == 1 and shape[lead + i] != 1)]
+        if len(squeeze) != x.rank:
+            x = self.b.reshape(x, squeeze)
+        return self.b.broadcast_in_dim(x, shape, dims)
+
+    def result_type(self, *args: Any) -> torch.dtype:
+        """torch.result_type over tensors (Values), Python numbers and ScalarValues."""
+        stand_ins = []
+        for a in args:
+            if isinstance(a, ScalarValue):
+                stand_ins.append(a.pytype(1))
+            elif isinstance(a, Value):
+                stand_ins.append(torch.empty((1,) * min(a.rank, 1), dtype=a.dtype, device="meta"))
+            elif isinstance(a, (bool, int, float, complex)):
+                stand_ins.append(a)
+        if len(stand_ins) == 1:
+            s = stand_ins[0]
+            return s.dtype if isinstance(s, torch.Tensor) else torch.result_type(torch.empty((), device="meta"), s)
+        dtype = torch.result_type(stand_ins[0], stand_ins[1])
+        for s in stand_ins[2:]:
+            # fold left; torch.result_type takes two operands
+            dtype = torch.promote_types(dtype, torch.result_type(torch.empty((1,), dtype=dtype, device="meta"), s))
+        return dtype
+
+    def promote(self, *args: Any, dtype: torch.dtype | None = None, shape: Sequence[int] | None = None) -> list[Value]:
+        """Convert every argument to ``dtype`` and broadcast it to ``shape``
+        (defaults: the promoted dtype and the first output's shape)."""
+        if dtype is None:
+            dtype = self.result_type(*args)
+        if shape is None:
+            shape = self.out[0].shape if self.out and self.out[0] is not None else broadcast_shapes(args)
+        out = []
+        for a in args:
+            v = self.to(a, dtype) if isinstance(a, Value) else self.b.constant(a, dtype)
+            out.append(self.broadcast_to(v, shape))
+        return out
+
+    def zeros(self, shape: Sequence[int], dtype: torch.dtype) -> Value:
+        return self.full(0, shape, dtype)
+
+    # -- sub-lowering ---------------------------------------------------------------
+    def lower(self, op: Any, *args: Any, **kwargs: Any) -> Any:
+        """Lower another op inside this rule (its output shapes come from its meta kernel)."""
+        return lower_call(self.ctx, op, args, kwargs, None)
+
+
+def broadcast_shapes(args: Sequence[Any]) -> tuple[int, ...]:
+    shapes = [a.shape for a in args if isinstance(a, Value)]
+    return tuple(torch.broadcast_shapes(*shapes)) if shapes else ()
+
+
+def op_name(op: Any) -> str:
+    return op.name() if isinstance(op, torch._ops.OpOverload) else str(op)
+
+
+def meta_of(x: Any) -> Any:
+    """A meta tensor (or Python stand-in) for a lowering argument."""
+    if isinstance(x, ScalarValue):
+        return x.pytype(1)
+    if isinstance(x, Value):
+        return torch.empty(x.shape, dtype=x.dtype, device="meta")
+    return x
+
+
+def infer_meta(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    margs = tree_map(meta_of, list(args))
+    mkwargs = tree_map(meta_of, kwargs)
+    return op(*margs, **mkwargs)
+
+
+def lower_call(ctx: ProgramContext, op: Any, args: Sequence[Any], kwargs: dict[str, Any], out_meta: Any) -> Any:
+    """Lower ``op(*args, **kwargs)``; returns Values in the structure of the op's outputs."""
+    rule = registry.RULES.get(op)
+    if rule is not None:
+        if out_meta is None:
+            out_meta = infer_meta(op, args, kwargs)
+        return rule(NodeLowering(ctx, op, out_meta), *args, **kwargs)
+    from .decomp import decomposition_for
+
+    decomp = decomposition_for(op)
+    if decomp is None:
+        raise not_implemented(op_name(op))
+    return lower_decomposition(ctx, op, decomp, args, kwargs)
+
+
+def lower_decomposition(ctx: ProgramContext, op: Any, decomp: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    from .graph import trace_decomposition, lower_graph
+
+    flat, spec = tree_flatten((list(args), dict(kwargs)))
+    value_pos = [i for i, a in enumerate(flat) if isinstance(a, Value)]
+    for i in value_pos:
+        if isinstance(flat[i], ScalarValue):
+            raise AssertionError(f"decomposition of {op} received a device scalar operand; make the scalar static")
+    gm = trace_decomposition(decomp, flat, spec, value_pos)
+    return lower_graph(ctx, gm, [flat[i] for i in value_pos], context_op=op)

@@ -1,0 +1,68 @@
+"""Tracing decompositions into FX graphs, and lowering FX graphs node by node."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._pytree import tree_unflatten
+
+from ..errors import not_implemented
+from ..stablehlo.builder import Value
+from .context import ProgramContext, lower_call, meta_of, op_name
+
+
+def trace_decomposition(decomp: Any, flat: list[Any], spec: Any, value_pos: Sequence[int]) -> torch.fx.GraphModule:
+    """FX graph of ``decomp`` applied to meta stand-ins of the Values in ``flat``."""
+    from .decomp import tracing_table
+
+    def fn(*tensors: torch.Tensor) -> Any:
+        filled = list(flat)
+        for i, t in zip(value_pos, tensors):
+            filled[i] = t
+        args, kwargs = tree_unflatten(filled, spec)
+        return decomp(*args, **kwargs)
+
+    metas = [meta_of(flat[i]) for i in value_pos]
+    functional = torch.func.functionalize(fn, remove="mutations")
+    return make_fx(functional, decomposition_table=tracing_table(), tracing_mode="real")(*metas)
+
+
+def _constant(ctx: ProgramContext, t: torch.Tensor) -> Value:
+    t = t.detach()
+    if t.numel() == 1:
+        return ctx.b.broadcast_in_dim(ctx.b.constant(t.reshape(()).item(), t.dtype), t.shape, [])
+    return ctx.b.constant_array(t.cpu().numpy(), t.dtype)
+
+
+def lower_graph(ctx: ProgramContext, gm: torch.fx.GraphModule, inputs: Sequence[Any], context_op: Any = None) -> Any:
+    env: dict[torch.fx.Node, Any] = {}
+    inputs = list(inputs)
+    placeholder = 0
+
+    def load(a: Any) -> Any:
+        return torch.fx.node.map_arg(a, lambda n: env[n])
+
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = inputs[placeholder]
+            placeholder += 1
+        elif node.op == "get_attr":
+            env[node] = _constant(ctx, getattr(gm, node.target))
+        elif node.op == "call_function":
+            args, kwargs = load(node.args), load(node.kwargs)
+            if node.target is operator.getitem:
+                env[node] = args[0][args[1]]
+                continue
+            try:
+                env[node] = lower_call(ctx, node.target, args, kwargs, node.meta.get("val"))
+            except NotImplementedError as e:
+                if context_op is None or "needed by" in str(e):
+                    raise
+                raise not_implemented(op_name(node.target), f"needed by the decomposition of '{op_name(context_op)}'") from e
+        elif node.op == "output":
+            return load(node.args[0])
+    raise AssertionError("graph without output")

@@ -1,0 +1,520 @@
+"""Elementwise ops: one generic rule per arity, a table entry per op."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...stablehlo.builder import Value
+from ...stablehlo.types import is_complex, is_float, is_unsigned
+from ..context import NodeLowering
+from ..registry import register
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _compute_dtype(L: NodeLowering, *args: Any) -> torch.dtype:
+    """Float ops on integer tensors compute in the output's float dtype."""
+    return L.out[0].dtype
+
+
+# -- unary ops that map 1:1 onto a StableHLO/CHLO op ------------------------------------------
+_UNARY_HLO = {
+    aten.abs: "stablehlo.abs",
+    aten.neg: "stablehlo.negate",
+    aten.exp: "stablehlo.exponential",
+    aten.expm1: "stablehlo.exponential_minus_one",
+    aten.log: "stablehlo.log",
+    aten.log1p: "stablehlo.log_plus_one",
+    aten.sqrt: "stablehlo.sqrt",
+    aten.rsqrt: "stablehlo.rsqrt",
+    aten.tanh: "stablehlo.tanh",
+    aten.sin: "stablehlo.sine",
+    aten.cos: "stablehlo.cosine",
+    aten.tan: "stablehlo.tan",
+    aten.floor: "stablehlo.floor",
+    aten.ceil: "stablehlo.ceil",
+    aten.sigmoid: "stablehlo.logistic",
+    aten.round: "stablehlo.round_nearest_even",
+    aten.erf: "chlo.erf",
+    aten.erfinv: "chlo.erf_inv",
+    aten.lgamma: "chlo.lgamma",
+    aten.digamma: "chlo.digamma",
+    aten.asin: "chlo.asin",
+    aten.acos: "chlo.acos",
+    aten.atan: "chlo.atan",
+    aten.sinh: "chlo.sinh",
+    aten.cosh: "chlo.cosh",
+    aten.asinh: "chlo.asinh",
+    aten.acosh: "chlo.acosh",
+    aten.atanh: "chlo.atanh",
+}
+# ops that keep integer dtypes (the rest compute in float)
+_INT_OK = {aten.abs, aten.neg, aten.floor, aten.ceil, aten.round}
+
+
+def _unary(hlo: str, int_ok: bool) -> Any:
+    def rule(L: NodeLowering, x: Value) -> Value:
+        out = L.out[0].dtype
+        if int_ok and not is_float(x.dtype) and not is_complex(x.dtype):
+            if hlo in ("stablehlo.floor", "stablehlo.ceil", "stablehlo.round_nearest_even"):
+                return x
+            if hlo == "stablehlo.abs" and is_unsigned(x.dtype):
+                return x
+            return L.b.op1(hlo, [x], x.shape, x.dtype)
+        x = L.to(x, out)
+        if x.dtype in (torch.float16, torch.bfloat16) and hlo.startswith("chlo."):
+            # CHLO expansions are inaccurate in 16-bit; compute in f32 like PyTorch's opmath.
+            return L.to(L.b.op1(hlo, [L.to(x, torch.float32)], x.shape, torch.float32), out)
+        return L.b.op1(hlo, [x], x.shape, out)
+
+    return rule
+
+
+for _packet, _hlo in _UNARY_HLO.items():
+    register(_packet.default)(_unary(_hlo, _packet in _INT_OK))
+
+
+@register(aten.reciprocal.default)
+def reciprocal(L: NodeLowering, x: Value) -> Value:
+    x = L.to(x, L.out[0].dtype)
+    return L.b.binary("divide", L.full(1, x.shape, x.dtype), x)
+
+
+@register(aten.sign.default, aten.sgn.default)
+def sign(L: NodeLowering, x: Value) -> Value:
+    if x.dtype is torch.bool:
+        return x
+    if is_unsigned(x.dtype):
+        return L.to(L.b.compare(x, L.zeros(x.shape, x.dtype), "NE"), x.dtype)
+    return L.b.unary("sign", x)
+
+
+@register(aten.trunc.default, aten.fix.default)
+def trunc(L: NodeLowering, x: Value) -> Value:
+    if not is_float(x.dtype):
+        return x
+    zero = L.zeros(x.shape, x.dtype)
+    return L.b.select(L.b.compare(x, zero, "LT"), L.b.unary("ceil", x), L.b.unary("floor", x))
+
+
+@register(aten.frac.default)
+def frac(L: NodeLowering, x: Value) -> Value:
+    return L.b.binary("subtract", x, trunc(L, x))
+
+
+@register(aten.log2.default, aten.log10.default)
+def log_base(L: NodeLowering, x: Value) -> Value:
+    import math
+
+    x = L.to(x, L.out[0].dtype)
+    base = 2.0 if L.op is aten.log2.default else 10.0
+    return L.b.binary("divide", L.b.unary("log", x), L.full(math.log(base), x.shape, x.dtype))
+
+
+@register(aten.exp2.default)
+def exp2(L: NodeLowering, x: Value) -> Value:
+    x = L.to(x, L.out[0].dtype)
+    return L.b.binary("power", L.full(2, x.shape, x.dtype), x)
+
+
+@register(aten.logical_not.default)
+def logical_not(L: NodeLowering, x: Value) -> Value:
+    return L.to(L.b.compare(x, L.zeros(x.shape, x.dtype), "EQ"), L.out[0].dtype)
+
+
+@register(aten.bitwise_not.default)
+def bitwise_not(L: NodeLowering, x: Value) -> Value:
+    return L.b.unary("not", x)
+
+
+@register(aten.isnan.default)
+def isnan(L: NodeLowering, x: Value) -> Value:
+    if not is_float(x.dtype):
+        return L.full(False, x.shape, torch.bool)
+    return L.b.compare(x, x, "NE")
+
+
+@register(aten.isinf.default)
+def isinf(L: NodeLowering, x: Value) -> Value:
+    if not is_float(x.dtype):
+        return L.full(False, x.shape, torch.bool)
+    return L.b.compare(L.b.unary("abs", x), L.full(float("inf"), x.shape, x.dtype), "EQ")
+
+
+@register(aten.isfinite.default)
+def isfinite(L: NodeLowering, x: Value) -> Value:
+    if not is_float(x.dtype):
+        return L.full(True, x.shape, torch.bool)
+    return L.b.op1("stablehlo.is_finite", [x], x.shape, torch.bool)
+
+
+# -- binary arithmetic ----------------------------------------------------------------------
+def _scaled(L: NodeLowering, y: Value, alpha: Any) -> Value:
+    if alpha is None or (not isinstance(alpha, Value) and alpha == 1):
+        return y
+    return L.b.binary("multiply", y, L.full(alpha, y.shape, y.dtype))
+
+
+@register(aten.add.Tensor, aten.add.Scalar)
+def add(L: NodeLowering, x: Any, y: Any, alpha: Any = 1) -> Value:
+    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    if x.dtype is torch.bool:
+        return L.b.binary("or", x, y)
+    return L.b.binary("add", x, _scaled(L, y, alpha))
+
+
+@register(aten.sub.Tensor, aten.sub.Scalar, aten.rsub.Tensor, aten.rsub.Scalar)
+def sub(L: NodeLowering, x: Any, y: Any, alpha: Any = 1) -> Value:
+    if L.op in (aten.rsub.Tensor, aten.rsub.Scalar):
+        x, y = y, x
+        x, y = L.promote(x, y, dtype=L.out[0].dtype)
+        return L.b.binary("subtract", x, _scaled(L, y, alpha))
+    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    return L.b.binary("subtract", x, _scaled(L, y, alpha))
+
+
+@register(aten.mul.Tensor, aten.mul.Scalar)
+def mul(L: NodeLowering, x: Any, y: Any) -> Value:
+    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    if x.dtype is torch.bool:
+        return L.b.binary("and", x, y)
+    return L.b.binary("multiply", x, y)
+
+
+@register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div(L: NodeLowering, x: Any, y: Any, rounding_mode: str | None = None) -> Value:
+    out = L.out[0].dtype
+    if rounding_mode is None:
+        x, y = L.promote(x, y, dtype=out)
+        return L.b.binary("divide", x, y)
+    x, y = L.promote(x, y, dtype=out)
+    if not is_float(out):
+        q = L.b.binary("divide", x, y)  # integer division truncates toward zero
+        if rounding_mode == "trunc":
+            return q
+        # floor: subtract one where the signs differ and the division is inexact
+        r = L.b.binary("remainder", x, y)
+        zero = L.zeros(x.shape, out)
+        inexact = L.b.compare(r, zero, "NE")
+        signs_differ = L.b.compare(L.b.compare(x, zero, "LT"), L.b.compare(y, zero, "LT"), "NE")
+        fix = L.b.binary("and", inexact, signs_differ)
+        return L.b.select(fix, L.b.binary("subtract", q, L.full(1, x.shape, out)), q)
+    q = L.b.binary("divide", x, y)
+    if rounding_mode == "trunc":
+        return trunc(L, q)
+    return _floor_divide_float(L, x, y)
+
+
+def _floor_divide_float(L: NodeLowering, x: Value, y: Value) -> Value:
+    # PyTorch's floor division: (x - fmod(x, y)) / y, corrected when the remainder's sign
+    # differs from y's, then rounded; matches c10::div_floor_floating.
+    mod = L.b.binary("remainder", x, y)
+    div = L.b.binary("divide", L.b.binary("subtract", x, mod), y)
+    zero = L.zeros(x.shape, x.dtype)
+    fix = L.b.binary(
+        "and", L.b.compare(mod, zero, "NE"), L.b.compare(L.b.compare(y, zero, "LT"), L.b.compare(mod, zero, "LT"), "NE")
+    )
+    div = L.b.select(fix, L.b.binary("subtract", div, L.full(1, x.shape, x.dtype)), div)
+    floor = L.b.unary("floor", div)
+    half = L.full(0.5, x.shape, x.dtype)
+    floor = L.b.select(L.b.compare(L.b.binary("subtract", div, floor), half, "GT"), L.b.binary("add", floor, L.full(1, x.shape, x.dtype)), floor)
+    plain = L.b.binary("divide", x, y)
+    return L.b.select(L.b.compare(div, zero, "EQ"), L.b.binary("multiply", L.b.unary("sign", plain), zero), floor)
+
+
+@register(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(L: NodeLowering, x: Any, y: Any) -> Value:
+    return div(L, x, y, "floor")
+
+
+@register(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def remainder(L: NodeLowering, x: Any, y: Any) -> Value:
+    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    r = L.b.binary("remainder", x, y)
+    if is_unsigned(x.dtype):
+        return r
+    zero = L.zeros(x.shape, x.dtype)
+    fix = L.b.binary("and", L.b.compare(r, zero, "NE"), L.b.compare(L.b.compare(r, zero, "LT"), L.b.compare(y, zero, "LT"), "NE"))
+    return L.b.select(fix, L.b.binary("add", r, y), r)
+
+
+@register(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(L: NodeLowering, x: Any, y: Any) -> Value:
+    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    return L.b.binary("remainder", x, y)
+
+
+@register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def pow_(L: NodeLowering, x: Any, y: Any) -> Value:
+    out = L.out[0].dtype
+    if not isinstance(y, Value) and y == 2 and isinstance(x, Value):
+        x = L.to(x, out)
+        return L.b.binary("multiply", x, x)
+    x, y = L.promote(x, y, dtype=out)
+    return L.b.binary("power", x, y)
+
+
+@register(aten.atan2.default)
+def atan2(L: NodeLowering, x: Any, y: Any) -> Value:
+    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    return L.b.binary("atan2", x, y)
+
+
+def _minmax(name: str, nan_propagating: bool) -> Any:
+    def rule(L: NodeLowering, x: Any, y: Any) -> Value:
+        x, y = L.promote(x, y, dtype=L.out[0].dtype)
+        if x.dtype is torch.bool:
+            return L.b.binary("or" if name == "maximum" else "and", x, y)
+        r = L.b.binary(name, x, y)
+        if nan_propagating and is_float(x.dtype):
+            # stablehlo max/min propagate NaN on XLA already; keep an explicit select for other backends
+            nan = L.b.compare(x, x, "NE")
+            r = L.b.select(nan, x, L.b.select(L.b.compare(y, y, "NE"), y, r))
+        elif not nan_propagating and is_float(x.dtype):  # fmax/fmin ignore NaN
+            r = L.b.select(L.b.compare(x, x, "NE"), y, L.b.select(L.b.compare(y, y, "NE"), x, r))
+        return r
+
+    return rule
+
+
+register(aten.maximum.default)(_minmax("maximum", True))
+register(aten.minimum.default)(_minmax("minimum", True))
+register(aten.fmax.default)(_minmax("maximum", False))
+register(aten.fmin.default)(_minmax("minimum", False))
+
+
+def _bitwise(name: str) -> Any:
+    def rule(L: NodeLowering, x: Any, y: Any) -> Value:
+        x, y = L.promote(x, y, dtype=L.out[0].dtype)
+        return L.b.binary(name, x, y)
+
+    return rule
+
+
+for _name in ("and", "or", "xor"):
+    register(getattr(aten, f"bitwise_{_name}").Tensor, getattr(aten, f"bitwise_{_name}").Scalar)(_bitwise(_name))
+
+
+def _logical(name: str) -> Any:
+    def rule(L: NodeLowering, x: Any, y: Any) -> Value:
+        xs, ys = L.promote(x, y)
+        xb = L.to(xs, torch.bool)
+        yb = L.to(ys, torch.bool)
+        return L.to(L.b.binary(name, xb, yb), L.out[0].dtype)
+
+    return rule
+
+
+for _name in ("and", "or", "xor"):
+    register(getattr(aten, f"logical_{_name}").default)(_logical(_name))
+
+
+@register(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar, aten.__lshift__.Tensor, aten.__lshift__.Scalar)
+def lshift(L: NodeLowering, x: Any, y: Any) -> Value:
+    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    return L.b.binary("shift_left", x, y)
+
+
+@register(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar, aten.__rshift__.Tensor, aten.__rshift__.Scalar)
+def rshift(L: NodeLowering, x: Any, y: Any) -> Value:
+    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    name = "shift_right_logical" if is_unsigned(x.dtype) else "shift_right_arithmetic"
+    return L.b.binary(name, x, y)
+
+
+# -- comparisons -------------------------------------------------------------------------------
+def _compare(direction: str) -> Any:
+    def rule(L: NodeLowering, x: Any, y: Any) -> Value:
+        x, y = L.promote(x, y, shape=L.out[0].shape)
+        return L.b.compare(x, y, direction)
+
+    return rule
+
+
+for _name, _dir in (("eq", "EQ"), ("ne", "NE"), ("lt", "LT"), ("le", "LE"), ("gt", "GT"), ("ge", "GE")):
+    register(getattr(aten, _name).Tensor, getattr(aten, _name).Scalar)(_compare(_dir))
+
+
+@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(L: NodeLowering, cond: Value, x: Any, y: Any) -> Value:
+    out = L.out[0]
+    x, y = L.promote(x, y, dtype=out.dtype, shape=out.shape)
+    cond = L.broadcast_to(L.to(cond, torch.bool), out.shape)
+    return L.b.select(cond, x, y)
+
+
+@register(aten.clamp.default, aten.clamp.Tensor, aten.clip.default, aten.clip.Tensor)
+def clamp(L: NodeLowering, x: Value, min: Any = None, max: Any = None) -> Value:  # noqa: A002 - schema names
+    out = L.out[0]
+    x = L.broadcast_to(L.to(x, out.dtype), out.shape)
+    if min is not None:
+        (lo,) = L.promote(min, dtype=out.dtype, shape=out.shape)
+        x = _minmax("maximum", True)(L, x, lo)
+    if max is not None:
+        (hi,) = L.promote(max, dtype=out.dtype, shape=out.shape)
+        x = _minmax("minimum", True)(L, x, hi)
+    return x
+
+
+@register(aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp_min(L: NodeLowering, x: Value, min: Any) -> Value:  # noqa: A002
+    return clamp(L, x, min, None)
+
+
+@register(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(L: NodeLowering, x: Value, max: Any) -> Value:  # noqa: A002
+    return clamp(L, x, None, max)
+
+
+# -- activations -------------------------------------------------------------------------------
+@register(aten.relu.default)
+def relu(L: NodeLowering, x: Value) -> Value:
+    if x.dtype is torch.bool:
+        return x
+    return L.b.binary("maximum", x, L.zeros(x.shape, x.dtype))
+
+
+@register(aten.gelu.default)
+def gelu(L: NodeLowering, x: Value, approximate: str = "none") -> Value:
+    dtype = x.dtype
+    xf = L.to(x, torch.float32) if dtype in (torch.float16, torch.bfloat16) else x
+    b = L.b
+
+    def c(v: float) -> Value:
+        return L.full(v, xf.shape, xf.dtype)
+
+    if approximate == "tanh":
+        inner = b.binary("multiply", c(0.7978845608028654), b.binary("add", xf, b.binary("multiply", c(0.044715), b.binary("multiply", xf, b.binary("multiply", xf, xf)))))
+        y = b.binary("multiply", b.binary("multiply", c(0.5), xf), b.binary("add", c(1.0), b.unary("tanh", inner)))
+    else:
+        erf = b.chlo("erf", b.binary("multiply", xf, c(0.7071067811865476)))
+        y = b.binary("multiply", b.binary("multiply", c(0.5), xf), b.binary("add", c(1.0), erf))
+    return L.to(y, dtype)
+
+
+@register(aten.silu.default)
+def silu(L: NodeLowering, x: Value) -> Value:
+    return L.b.binary("multiply", x, L.b.unary("logistic", x))
+
+
+@register(aten.leaky_relu.default)
+def leaky_relu(L: NodeLowering, x: Value, negative_slope: Any = 0.01) -> Value:
+    zero = L.zeros(x.shape, x.dtype)
+    return L.b.select(L.b.compare(x, zero, "GT"), x, L.b.binary("multiply", x, L.full(negative_slope, x.shape, x.dtype)))
+
+
+@register(aten.hardtanh.default)
+def hardtanh(L: NodeLowering, x: Value, min_val: Any = -1.0, max_val: Any = 1.0) -> Value:
+    return clamp(L, x, min_val, max_val)
+
+
+@register(aten.threshold.default)
+def threshold(L: NodeLowering, x: Value, threshold: Any, value: Any) -> Value:
+    return L.b.select(L.b.compare(x, L.full(threshold, x.shape, x.dtype), "LE"), L.full(value, x.shape, x.dtype), x)
+
+
+@register(aten.threshold_backward.default)
+def threshold_backward(L: NodeLowering, grad: Value, x: Value, threshold: Any) -> Value:
+    out = L.out[0]
+    x = L.broadcast_to(x, out.shape)
+    grad = L.broadcast_to(grad, out.shape)
+    return L.b.select(L.b.compare(x, L.full(threshold, x.shape, x.dtype), "LE"), L.zeros(out.shape, out.dtype), grad)
+
+
+@register(aten.softplus.default)
+def softplus(L: NodeLowering, x: Value, beta: Any = 1, threshold: Any = 20) -> Value:
+    b = L.b
+    bx = b.binary("multiply", x, L.full(beta, x.shape, x.dtype)) if (isinstance(beta, Value) or beta != 1) else x
+    soft = b.unary("log_plus_one", b.unary("exponential", bx))
+    if isinstance(beta, Value) or beta != 1:
+        soft = b.binary("divide", soft, L.full(beta, x.shape, x.dtype))
+    return b.select(b.compare(bx, L.full(threshold, x.shape, x.dtype), "GT"), x, soft)
+
+
+@register(aten.elu.default)
+def elu(L: NodeLowering, x: Value, alpha: Any = 1, scale: Any = 1, input_scale: Any = 1) -> Value:
+    b = L.b
+    xs = b.binary("multiply", x, L.full(input_scale, x.shape, x.dtype))
+    neg = b.binary("multiply", L.full(alpha, x.shape, x.dtype), b.unary("exponential_minus_one", xs))
+    y = b.select(b.compare(x, L.zeros(x.shape, x.dtype), "GT"), x, neg)
+    return b.binary("multiply", y, L.full(scale, x.shape, x.dtype))
+
+
+@register(aten.sigmoid_backward.default)
+def sigmoid_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
+    b = L.b
+    one = L.full(1, y.shape, y.dtype)
+    return b.binary("multiply", grad, b.binary("multiply", y, b.binary("subtract", one, y)))
+
+
+@register(aten.tanh_backward.default)
+def tanh_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
+    b = L.b
+    one = L.full(1, y.shape, y.dtype)
+    return b.binary("multiply", grad, b.binary("subtract", one, b.binary("multiply", y, y)))
+
+
+# -- fused multiply-adds ------------------------------------------------------------------------
+@register(aten.addcmul.default)
+def addcmul(L: NodeLowering, x: Value, t1: Value, t2: Value, value: Any = 1) -> Value:
+    x, t1, t2 = L.promote(x, t1, t2, dtype=L.out[0].dtype)
+    return L.b.binary("add", x, _scaled(L, L.b.binary("multiply", t1, t2), value))
+
+
+@register(aten.addcdiv.default)
+def addcdiv(L: NodeLowering, x: Value, t1: Value, t2: Value, value: Any = 1) -> Value:
+    x, t1, t2 = L.promote(x, t1, t2, dtype=L.out[0].dtype)
+    return L.b.binary("add", x, _scaled(L, L.b.binary("divide", t1, t2), value))
+
+
+@register(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(L: NodeLowering, x: Value, end: Value, weight: Any) -> Value:
+    x, end, w = L.promote(x, end, weight, dtype=L.out[0].dtype)
+    return L.b.binary("add", x, L.b.binary("multiply", w, L.b.binary("subtract", end, x)))
+
+
+# -- dtype conversion and copies ----------------------------------------------------------------
+@register(aten._to_copy.default)
+def to_copy(L: NodeLowering, x: Value, **kwargs: Any) -> Value:
+    return L.to(x, L.out[0].dtype)
+
+
+@register(prims.convert_element_type.default)
+def convert_element_type(L: NodeLowering, x: Value, dtype: torch.dtype) -> Value:
+    return L.to(x, dtype)
+
+
+@register(aten.copy.default)
+def copy(L: NodeLowering, dst: Value, src: Value, non_blocking: bool = False) -> Value:
+    return L.broadcast_to(L.to(src, dst.dtype), dst.shape)
+
+
+@register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default, aten.contiguous.default)
+def clone(L: NodeLowering, x: Value, **kwargs: Any) -> Value:
+    return x
+
+
+@register(aten.fill.Scalar, aten.fill.Tensor)
+def fill(L: NodeLowering, x: Value, value: Any) -> Value:
+    if isinstance(value, Value) and value.rank:
+        value = L.b.reshape(value, ())
+    return L.full(value, x.shape, x.dtype) if not isinstance(value, Value) else L.broadcast_to(L.to(value, x.dtype), x.shape)
+
+
+@register(aten.zero.default)
+def zero(L: NodeLowering, x: Value) -> Value:
+    return L.zeros(x.shape, x.dtype)
+
+
+@register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(L: NodeLowering, x: Value, mask: Value, value: Any) -> Value:
+    out = L.out[0]
+    x = L.broadcast_to(L.to(x, out.dtype), out.shape)
+    mask = L.broadcast_to(mask, out.shape)
+    if isinstance(value, Value) and value.rank:
+        value = L.b.reshape(value, ())
+    fillv = L.broadcast_to(L.to(value, out.dtype), out.shape) if isinstance(value, Value) else L.full(value, out.shape, out.dtype)
+    return L.b.select(mask, fillv, x)

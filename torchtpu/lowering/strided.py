@@ -1,0 +1,164 @@
+"""Reading and writing a strided view of a flat storage buffer, inside a program.
+
+A tpu storage is one flat device buffer; a tensor is (sizes, strides, offset) over it,
+exactly as in ATen. Programs receive storages and start by materialising the views
+they read (slices and reshapes, which XLA fuses; a gather only for overlapping views),
+and end by writing in-place results back (a reshape when the view covers the whole
+storage, a dynamic_update_slice for a contiguous range, a scatter otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..stablehlo.builder import Builder, Value, prod
+
+
+def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(sizes):
+        strides.append(acc)
+        acc *= max(int(n), 1)
+    return tuple(reversed(strides))
+
+
+def is_contiguous(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    expected = contiguous_strides(sizes)
+    return all(n == 1 or s == e for n, s, e in zip(sizes, strides, expected))
+
+
+def storage_extent(sizes: Sequence[int], strides: Sequence[int], offset: int) -> int:
+    """Number of storage elements a view needs (its highest index + 1)."""
+    if any(n == 0 for n in sizes):
+        return offset
+    return offset + 1 + sum((n - 1) * s for n, s in zip(sizes, strides))
+
+
+def dense_order(sizes: Sequence[int], strides: Sequence[int]) -> list[int] | None:
+    """If the view is a permutation of a dense, non-overlapping layout, the dims from
+    outermost to innermost; else None."""
+    order = sorted(range(len(sizes)), key=lambda d: (-strides[d], -d))
+    acc = 1
+    for d in reversed(order):
+        if sizes[d] != 1 and strides[d] != acc:
+            return None
+        acc *= sizes[d]
+    return order
+
+
+def _bitcast(b: Builder, base: Value, dtype: torch.dtype) -> Value:
+    if base.dtype == dtype:
+        return base
+    if base.dtype.itemsize != dtype.itemsize:
+        raise NotImplementedError(
+            f"torchtpu: viewing a {base.dtype} storage as {dtype} (different element sizes) is not supported; "
+            "call .clone() before .view(dtype)"
+        )
+    if dtype is torch.bool or base.dtype is torch.bool:
+        raise NotImplementedError("torchtpu: bit-casting to or from bool is not supported")
+    return b.bitcast_convert(base, base.shape, dtype)
+
+
+def _flat_indices(b: Builder, sizes: Sequence[int], strides: Sequence[int], offset: int) -> Value:
+    """i64 tensor of ``sizes``: the storage index of every element of the view."""
+    idx = b.broadcast_in_dim(b.constant(offset, torch.int64), tuple(sizes), [])
+    for d, (n, s) in enumerate(zip(sizes, strides)):
+        if n == 1 or s == 0:
+            continue
+        term = b.binary("multiply", b.iota(sizes, d, torch.int64), b.broadcast_in_dim(b.constant(s, torch.int64), tuple(sizes), []))
+        idx = b.binary("add", idx, term)
+    return idx
+
+
+def read_view(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[int], offset: int, dtype: torch.dtype) -> Value:
+    sizes, strides = tuple(sizes), tuple(strides)
+    base = _bitcast(b, base, dtype)
+    numel = prod(sizes)
+    total = base.shape[0]
+    if numel == 0:
+        return b.broadcast_in_dim(b.constant(0, dtype), sizes, [])
+    if is_contiguous(sizes, strides):
+        if offset == 0 and numel == total:
+            return b.reshape(base, sizes)
+        return b.reshape(b.slice(base, [offset], [offset + numel]), sizes)
+    # Drop size-1 dims; broadcast stride-0 dims at the end.
+    kept = [d for d in range(len(sizes)) if sizes[d] != 1 and strides[d] != 0]
+    order = sorted(kept, key=lambda d: -strides[d])
+    if _nested_slices_ok(sizes, strides, order):
+        x = _nested_slices(b, base, sizes, strides, offset, order)
+        # x has dims in `order`; put them back in view order
+        inv = sorted(range(len(order)), key=lambda i: order[i])
+        x = b.transpose(x, inv)
+        kept_sorted = sorted(kept)
+        bshape = tuple(sizes)
+        inner = tuple(sizes[d] for d in kept_sorted)
+        x = b.reshape(x, inner)
+        return b.broadcast_in_dim(x, bshape, kept_sorted)
+    # Overlapping views (e.g. unfold with step < size): gather every element.
+    idx = _flat_indices(b, sizes, strides, offset)
+    idx = b.reshape(idx, sizes + (1,))
+    return b.gather(base, idx, [], [0], [0], len(sizes), [1], sizes)
+
+
+def _nested_slices_ok(sizes: Sequence[int], strides: Sequence[int], order: Sequence[int]) -> bool:
+    for a, c in zip(order, order[1:]):
+        if strides[a] % strides[c] != 0 or strides[a] < sizes[c] * strides[c]:
+            return False
+    return True
+
+
+def _nested_slices(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[int], offset: int, order: Sequence[int]) -> Value:
+    """Slice/reshape chain for a non-overlapping strided view; dims come out in ``order``."""
+    if not order:  # every dim has size 1 or stride 0: a single element
+        return b.reshape(b.slice(base, [offset], [offset + 1]), ())
+    n0, s0 = sizes[order[0]], strides[order[0]]
+    length = n0 * s0
+    total = base.shape[0]
+    x = base
+    if offset + length > total:
+        x = b.pad(x, b.constant(0, x.dtype), [0], [offset + length - total])
+    x = b.slice(x, [offset], [offset + length])
+    x = b.reshape(x, (n0, s0))
+    lead = [n0]
+    for d in order[1:]:
+        n, s = sizes[d], strides[d]
+        rank = len(lead) + 1
+        x = b.slice(x, [0] * rank, list(lead) + [n * s])
+        x = b.reshape(x, tuple(lead) + (n, s))
+        lead.append(n)
+    rank = len(lead) + 1
+    x = b.slice(x, [0] * rank, list(lead) + [1])
+    return b.reshape(x, tuple(lead))
+
+
+def write_view(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[int], offset: int, value: Value) -> Value:
+    """The storage after writing ``value`` (already of the view's shape and dtype) into the view."""
+    sizes, strides = tuple(sizes), tuple(strides)
+    numel = prod(sizes)
+    total = base.shape[0]
+    if numel == 0:
+        return base
+    flat = b.reshape(value, (numel,))
+    flat = _bitcast(b, flat, base.dtype) if flat.dtype != base.dtype else flat
+    if is_contiguous(sizes, strides):
+        if offset == 0 and numel == total:
+            return flat
+        return b.dynamic_update_slice(base, flat, [b.constant(offset, torch.int64)])
+    idx = b.reshape(_flat_indices(b, sizes, strides, offset), (numel, 1))
+    return b.scatter(base, idx, flat, [], [0], [0], 1)
+
+
+def flatten_for_strides(b: Builder, value: Value, strides: Sequence[int]) -> tuple[Value, tuple[int, ...]]:
+    """Flatten a result into a storage laid out with the strides PyTorch's meta kernel
+    chose. Returns the flat Value and the strides the tensor will really have
+    (contiguous when the meta strides are not a dense permutation)."""
+    sizes = value.shape
+    numel = prod(sizes)
+    if is_contiguous(sizes, strides) or numel <= 1:
+        return b.reshape(value, (numel,)), tuple(strides) if is_contiguous(sizes, strides) else contiguous_strides(sizes)
+    order = dense_order(sizes, strides)
+    if order is None:
+        return b.reshape(value, (numel,)), contiguous_strides(sizes)
+    return b.reshape(b.transpose(value, order), (numel,)), tuple(strides)

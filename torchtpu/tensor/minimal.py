@@ -1,0 +1,253 @@
+"""The runtime kernels that are not lowerings: allocation, transfers, metadata views,
+resize/set, and reading a scalar back. Everything else goes through eager/dispatch.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import metrics
+from ..lowering.strided import contiguous_strides, storage_extent
+from ..runtime import pjrt
+from ..stablehlo.types import numpy_dtype
+from .storage import _CPU_KEYSET, _set_storage, Cell, attach, cell_of, new_tensor
+
+aten = torch.ops.aten
+_META_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+
+
+def _dtype(dtype: torch.dtype | None) -> torch.dtype:
+    return dtype if dtype is not None else torch.get_default_dtype()
+
+
+def _ensure_ops() -> None:
+    from ..eager.register import ensure_op_kernels
+
+    ensure_op_kernels()
+
+
+def _check_device(device: Any) -> None:
+    if device is not None:
+        index = torch.device(device).index
+        if index not in (None, 0):
+            from ..device import one_device_error
+
+            raise one_device_error(index)
+
+
+# -- host <-> device --------------------------------------------------------------
+def _host_array(t: torch.Tensor) -> np.ndarray:
+    """A contiguous numpy array with the bytes of a CPU tensor (bf16 via ml_dtypes)."""
+    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    if t.dtype is torch.bfloat16:
+        return t.view(torch.int16).numpy().view(numpy_dtype(torch.bfloat16))
+    return t.numpy()
+
+
+def from_cpu(t: torch.Tensor) -> torch.Tensor:
+    """A new tpu tensor holding a copy of CPU tensor ``t`` (contiguous)."""
+    _ensure_ops()
+    arr = _host_array(t).reshape(-1)
+    buf = pjrt.get().put(arr)
+    metrics.add("h2d_bytes", arr.nbytes)
+    metrics.add("h2d_transfers")
+    return new_tensor(Cell(arr.size, t.dtype, buf), tuple(t.shape), contiguous_strides(t.shape), 0, t.dtype)
+
+
+def to_cpu(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of tpu tensor ``t`` with the same sizes (contiguous)."""
+    cell = cell_of(t)
+    sizes, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
+    if cell.buf is None:
+        flat = np.zeros(cell.numel, numpy_dtype(cell.dtype))
+    else:
+        from ..eager.dispatch import _pending  # noqa: F401 - the buffer's producer is tracked there
+
+        flat = pjrt.get().to_numpy(cell.buf).reshape(-1)
+    if t.dtype != cell.dtype:
+        flat = flat.view(numpy_dtype(t.dtype))
+    item = flat.itemsize
+    view = np.lib.stride_tricks.as_strided(flat[offset:], sizes, [s * item for s in strides], writeable=False)
+    arr = np.array(view, copy=True)
+    metrics.add("d2h_bytes", arr.nbytes)
+    metrics.add("d2h_transfers")
+    if t.dtype is torch.bfloat16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def _covers_storage(t: torch.Tensor) -> bool:
+    cell = cell_of(t)
+    return (
+        t.is_contiguous()
+        and t.storage_offset() == 0
+        and t.numel() == cell.numel
+        and t.dtype == cell.dtype
+    )
+
+
+# -- allocation ----------------------------------------------------------------------
+def empty_memory_format(
+    size: list[int],
+    dtype: torch.dtype | None = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+    memory_format: Any = None,
+) -> torch.Tensor:
+    _ensure_ops()
+    _check_device(device)
+    dtype = _dtype(dtype)
+    numel = int(np.prod(size)) if len(size) else 1
+    if memory_format is not None and memory_format is not torch.contiguous_format and memory_format is not torch.preserve_format:
+        strides = torch.empty(size, memory_format=memory_format, device="meta").stride()
+    else:
+        strides = contiguous_strides(size)
+    return new_tensor(Cell(numel, dtype), size, strides, 0, dtype)
+
+
+def empty_strided(
+    size: list[int], stride: list[int], dtype: torch.dtype | None = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+) -> torch.Tensor:
+    _ensure_ops()
+    _check_device(device)
+    dtype = _dtype(dtype)
+    return new_tensor(Cell(storage_extent(size, stride, 0), dtype), size, stride, 0, dtype)
+
+
+# -- copies ---------------------------------------------------------------------------
+def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    from ..eager import dispatch
+
+    if dst.device.type != "tpu":  # device -> host
+        dst.copy_(to_cpu(src))
+        return dst
+    if src.device.type != "tpu":  # host -> device
+        if src.dtype != dst.dtype:
+            src = src.to(dst.dtype)
+        if src.shape == dst.shape and _covers_storage(dst):
+            arr = _host_array(src).reshape(-1)
+            cell_of(dst).set(pjrt.get().put(arr))
+            metrics.add("h2d_bytes", arr.nbytes)
+            metrics.add("h2d_transfers")
+            return dst
+        src = from_cpu(src)
+    return dispatch.run(aten.copy_.default, (dst, src, non_blocking), {})
+
+
+def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    return copy_(dst, src, non_blocking)
+
+
+def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    if dst.shape != src.shape:
+        dst.resize_(src.shape)
+    return copy_(dst, src)
+
+
+def to_copy(
+    x: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+    non_blocking: bool = False,
+    memory_format: Any = None,
+) -> torch.Tensor:
+    from ..eager import dispatch
+
+    if device is not None and torch.device(device).type == "cpu":
+        host = to_cpu(x)
+        if dtype is not None and dtype != host.dtype:
+            host = host.to(dtype)
+        if memory_format is not None and memory_format is not torch.preserve_format:
+            host = host.contiguous(memory_format=memory_format)
+        return host
+    _check_device(device)
+    return dispatch.run(
+        aten._to_copy.default,
+        (x,),
+        {"dtype": dtype, "layout": layout, "device": None, "pin_memory": pin_memory, "non_blocking": non_blocking, "memory_format": memory_format},
+    )
+
+
+def local_scalar_dense(x: torch.Tensor) -> Any:
+    return to_cpu(x).item()
+
+
+# -- metadata -----------------------------------------------------------------------------
+def resize_(x: torch.Tensor, size: list[int], memory_format: Any = None) -> torch.Tensor:
+    strides = contiguous_strides(size)
+    offset = x.storage_offset()
+    need = storage_extent(size, strides, offset)
+    cell = cell_of(x)
+    if need <= cell.numel:
+        _set_storage(_CPU_KEYSET, x, x.untyped_storage(), offset, list(size), list(strides))
+        return x
+    attach(x, _grown(cell, need), size, strides, offset)
+    return x
+
+
+def _grown(cell: Cell, numel: int) -> Cell:
+    if cell.buf is None:
+        return Cell(numel, cell.dtype)
+    from ..eager.dispatch import run_utility
+
+    def build(b: Any) -> list:
+        p = b.param((cell.numel,), cell.dtype)
+        return [b.pad(p, b.constant(0, cell.dtype), [0], [numel - cell.numel])]
+
+    (buf,) = run_utility(("grow", cell.numel, numel, cell.dtype), build, [cell.buf])
+    return Cell(numel, cell.dtype, buf)
+
+
+def set_source_storage_offset(x: torch.Tensor, source: Any, storage_offset: int, size: list[int], stride: list[int] = ()) -> torch.Tensor:
+    return aten.set_.source_Storage_storage_offset.redispatch(_CPU_KEYSET, x, source, storage_offset, size, stride)
+
+
+def set_source_storage(x: torch.Tensor, source: Any) -> torch.Tensor:
+    return aten.set_.source_Storage.redispatch(_CPU_KEYSET, x, source)
+
+
+def set_source_tensor(x: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    return aten.set_.source_Tensor.redispatch(_CPU_KEYSET, x, source)
+
+
+def set_empty(x: torch.Tensor) -> torch.Tensor:
+    attach(x, Cell(0, x.dtype), [0], [1])
+    return x
+
+
+def meta_view(op: Any) -> Any:
+    """View ops only change metadata: the Meta kernel does that and shares the storage."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return op.redispatch(_META_KEYSET, *args, **kwargs)
+
+    return kernel
+
+
+VIEW_OPS = [aten.view.default, aten._reshape_alias.default, aten.as_strided.default, aten.unfold.default, aten.view.dtype]
+
+
+def kernels() -> dict[Any, Any]:
+    table = {
+        aten.empty.memory_format: empty_memory_format,
+        aten.empty_strided.default: empty_strided,
+        aten.copy_.default: copy_,
+        aten._copy_from.default: copy_from,
+        aten._copy_from_and_resize.default: copy_from_and_resize,
+        aten._to_copy.default: to_copy,
+        aten._local_scalar_dense.default: local_scalar_dense,
+        aten.resize_.default: resize_,
+        aten.set_.source_Storage_storage_offset: set_source_storage_offset,
+        aten.set_.source_Storage: set_source_storage,
+        aten.set_.source_Tensor: set_source_tensor,
+        aten.set_.default: set_empty,
+    }
+    for op in VIEW_OPS:
+        table[op] = meta_view(op)
+    return table

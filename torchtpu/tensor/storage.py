@@ -1,0 +1,94 @@
+"""The storage cell: one flat device buffer per PyTorch StorageImpl.
+
+A tpu tensor is a plain ``torch.Tensor`` whose StorageImpl (device ``tpu:0``, an opaque
+unique data pointer) carries a :class:`Cell` on its preserved Python object. Every view
+shares the StorageImpl and therefore the cell; an in-place write swaps the cell's buffer
+(device buffers are immutable), so all aliases see it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..runtime import memory
+
+DEVICE = torch.device("privateuseone", 0)  # renamed to "tpu" at autoload; the index is what matters
+_CPU_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_create_impl = torch._C._acc.create_empty_tensor
+_make_storage = torch._C._construct_storage_from_data_pointer
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset.redispatch
+
+# Storages need unique, non-null data pointers (torch.save and overlap checks read them);
+# they are opaque handles, spaced so that no two storages' byte ranges overlap.
+_ptr_lock = threading.Lock()
+_next_ptr = itertools.count(1 << 32, 1 << 12)
+
+
+def _fake_pointer(nbytes: int) -> int:
+    pages = max(1, (nbytes + 4095) // 4096 + 1)
+    with _ptr_lock:
+        ptr = next(_next_ptr)
+        for _ in range(pages - 1):
+            next(_next_ptr)
+    return ptr
+
+
+class Cell:
+    """One flat device buffer of ``numel`` elements of ``dtype`` (None: not yet written,
+    reads as zeros)."""
+
+    __slots__ = ("buf", "numel", "dtype", "nbytes", "__weakref__")
+
+    def __init__(self, numel: int, dtype: torch.dtype, buf: Any = None):
+        self.numel = int(numel)
+        self.dtype = dtype
+        self.nbytes = self.numel * dtype.itemsize
+        self.buf = None
+        if buf is not None:
+            self.set(buf)
+
+    def set(self, buf: Any) -> None:
+        if self.buf is None:
+            memory.allocated(self.nbytes)
+        self.buf = buf
+
+    def __del__(self) -> None:
+        if self.buf is not None:
+            memory.freed(self.nbytes)
+
+
+def new_tensor(
+    cell: Cell,
+    sizes: Sequence[int],
+    strides: Sequence[int],
+    offset: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """A tpu tensor viewing ``cell`` with the given geometry."""
+    t = _create_impl([0], dtype)
+    storage = _make_storage(_fake_pointer(cell.nbytes), DEVICE, cell.nbytes)
+    _set_storage(_CPU_KEYSET, t, storage, offset, list(sizes), list(strides))
+    storage._cell = cell
+    return t
+
+
+def attach(t: torch.Tensor, cell: Cell, sizes: Sequence[int], strides: Sequence[int], offset: int = 0) -> None:
+    """Point an existing tpu tensor at a new storage (used by resize_ and set_)."""
+    storage = _make_storage(_fake_pointer(cell.nbytes), DEVICE, cell.nbytes)
+    _set_storage(_CPU_KEYSET, t, storage, offset, list(sizes), list(strides))
+    storage._cell = cell
+
+
+def cell_of(t: torch.Tensor) -> Cell:
+    try:
+        return t.untyped_storage()._cell
+    except AttributeError:
+        raise RuntimeError(
+            "torchtpu: this tpu tensor has no device buffer (its storage was not created by torchtpu, "
+            "e.g. through torch.UntypedStorage(device='tpu')); create tpu tensors with torch factories or .to('tpu')"
+        ) from None
