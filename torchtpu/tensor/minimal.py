@@ -167,6 +167,10 @@ def to_copy(
             host = host.contiguous(memory_format=memory_format)
         return host
     _check_device(device)
+    if x.device.type != "tpu":  # host -> device
+        if dtype is not None and dtype != x.dtype:
+            x = x.to(dtype)
+        return from_cpu(x)
     return dispatch.run(
         aten._to_copy.default,
         (x,),
