@@ -21,6 +21,7 @@ from .. import config, metrics
 from ..errors import TpuError
 from ..lowering import registry
 from ..lowering.context import ProgramContext, ScalarValue, lower_call
+from ..stablehlo.builder import Value
 from ..lowering.strided import flatten_for_strides, read_view, write_view
 from ..runtime import pjrt
 from ..tensor import storage
@@ -210,6 +211,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         new_tensor(Cell(numel, dtype, buf), sizes, strides, 0, dtype)
         for (sizes, strides, dtype, numel), buf in zip(prog.outputs, outs)
     ]
+    if prog.out_tree is None:
+        return plan.returns(values, new)
     return plan.returns(values, tree_unflatten(new, prog.out_tree))
 
 
@@ -315,7 +318,9 @@ def _build(plan: OpPlan, values: list[Any], call: _Call) -> Program:
     metrics.add("compiles")
     if config.flag("TORCHTPU_LOG_COMPILES"):
         print(f"[torchtpu] compiled {plan.name} {[tuple(t.shape) for t in call.tensors]} in {1e3 * (time.perf_counter() - t0):.1f} ms")
-    return Program(exe, out_specs, out_tree, updated, text, len(b.params))
+    # a flat list of plain tensors needs no pytree rebuild on the hot path
+    simple = all(isinstance(r, Value) for r in results[: plan.n_plain])
+    return Program(exe, out_specs, None if simple else out_tree, updated, text, len(b.params))
 
 
 def _scalar_list(b: Any, param: Any, n: int) -> list[ScalarValue]:

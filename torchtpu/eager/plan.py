@@ -148,7 +148,12 @@ class OpPlan:
         return res[0] if self.single_return else tuple(res)
 
 
+_META = torch.device("meta")
+
+
 def _meta(v: Any) -> Any:
+    if isinstance(v, torch.device):
+        return _META if v.type == "tpu" else v
     if isinstance(v, torch.Tensor):
         return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
     if isinstance(v, (list, tuple)) and v and any(isinstance(x, torch.Tensor) for x in v):

@@ -40,6 +40,10 @@ class _NoJax:
 def _install_no_jax_finder() -> None:
     if importlib.util.find_spec("jax") is None and _NoJax not in sys.meta_path:
         sys.meta_path.insert(0, _NoJax)
+        # The per-array lookup is of this exact name: a None entry makes Python fail it
+        # without walking the import machinery (7.9 us per execute instead of 20 us),
+        # while "jax" itself never enters sys.modules.
+        sys.modules.setdefault("jax._src.sharding_impls", None)
 
 
 Buffer = Any  # jaxlib ArrayImpl; opaque outside this module

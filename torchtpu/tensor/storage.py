@@ -8,7 +8,6 @@ shares the StorageImpl and therefore the cell; an in-place write swaps the cell'
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -26,15 +25,13 @@ _set_storage = torch.ops.aten.set_.source_Storage_storage_offset.redispatch
 # Storages need unique, non-null data pointers (torch.save and overlap checks read them);
 # they are opaque handles, spaced so that no two storages' byte ranges overlap.
 _ptr_lock = threading.Lock()
-_next_ptr = itertools.count(1 << 32, 1 << 12)
+_next_ptr = [1 << 32]
 
 
 def _fake_pointer(nbytes: int) -> int:
-    pages = max(1, (nbytes + 4095) // 4096 + 1)
     with _ptr_lock:
-        ptr = next(_next_ptr)
-        for _ in range(pages - 1):
-            next(_next_ptr)
+        ptr = _next_ptr[0]
+        _next_ptr[0] = ptr + (((nbytes + 4095) >> 12) + 1 << 12)
     return ptr
 
 

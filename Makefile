@@ -1,0 +1,35 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.torchtpu-installed
+
+.PHONY: demo test test-all bench lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/train_mlp.py
+
+# The default suite (well inside 15 minutes on 2 cores). pytest's exit code 5
+# ("no tests collected") is turned into a failure.
+test: $(STAMP)
+	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
+
+# Everything, including the long suites.
+test-all: $(STAMP)
+	$(PY) -m pytest tests -p no:cacheprovider; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_eager.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check torchtpu tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,109 @@
+#!/usr/bin/env python
+"""Eager-mode benchmark: tpu (XLA via PjRT) against PyTorch CPU, measured in the same run.
+
+Workloads (../shared/bench/README.md):
+  add:  y = x + x on a 2x2 float32 tensor, then wait for it (median of ADD_N)
+  mlp:  3-layer MLP 1024-1024-1024-10, batch 64, cross-entropy, SGD lr 0.01,
+        torch.manual_seed(0) init; one step = forward + backward + SGD + sync.
+        Steady-state median of MLP_N steps after WARM warm-up steps.
+Prints medians and tpu/CPU ratios; writes JSON to OUT if set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchtpu
+
+ADD_N = int(os.environ.get("ADD_N", 500))
+MLP_N = int(os.environ.get("MLP_N", 50))
+WARM = int(os.environ.get("WARM", 5))
+B, D, H, C = 64, 1024, 1024, 10
+
+
+def sync(device: str) -> None:
+    if device == "tpu":
+        torch.tpu.synchronize()
+
+
+def bench_add(device: str) -> float:
+    x = torch.ones(2, 2, device=device)
+    for _ in range(50):
+        y = x + x
+    sync(device)
+    ts = []
+    for _ in range(ADD_N):
+        t0 = time.perf_counter()
+        y = x + x
+        sync(device)
+        ts.append(time.perf_counter() - t0)
+    del y
+    return statistics.median(ts)
+
+
+def make_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU(), nn.Linear(H, C))
+
+
+def bench_mlp(device: str, steps: int = MLP_N) -> dict:
+    model = make_mlp().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, D, generator=g).to(device)
+    y = torch.randint(0, C, (B,), generator=g).to(device)
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        sync(device)
+        return loss
+
+    t0 = time.perf_counter()
+    step()
+    first = time.perf_counter() - t0
+    for _ in range(WARM):
+        step()
+    ts = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss = step()
+        ts.append(time.perf_counter() - t0)
+    return {"first_step_s": first, "step_s": statistics.median(ts), "loss": loss.item()}
+
+
+def main() -> None:
+    res: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(), "platform": torchtpu.platform()}
+    res["add_tpu_s"] = bench_add("tpu")
+    res["add_cpu_s"] = bench_add("cpu")
+    torchtpu.metrics.reset()
+    res["mlp_tpu"] = bench_mlp("tpu")
+    res["mlp_tpu_metrics"] = torchtpu.metrics.snapshot()
+    res["mlp_cpu"] = bench_mlp("cpu")
+    # the correctness check of the workload: loss after 56 steps (1 + WARM + MLP_N with defaults)
+    us = 1e6
+    print(f"platform: {res['platform']}  torch {res['torch']}  threads {res['threads']}")
+    print(f"{'workload':<28}{'tpu':>14}{'cpu':>14}{'tpu/cpu':>10}")
+    print(f"{'add + sync (median)':<28}{res['add_tpu_s'] * us:>11.1f} us{res['add_cpu_s'] * us:>11.1f} us{res['add_tpu_s'] / res['add_cpu_s']:>10.1f}")
+    mt, mc = res["mlp_tpu"], res["mlp_cpu"]
+    print(f"{'MLP eager step (median)':<28}{mt['step_s'] * 1e3:>11.2f} ms{mc['step_s'] * 1e3:>11.2f} ms{mt['step_s'] / mc['step_s']:>10.2f}")
+    print(f"{'MLP first step':<28}{mt['first_step_s']:>12.3f} s{mc['first_step_s']:>12.3f} s")
+    print(f"{'MLP loss after %d steps' % (1 + WARM + MLP_N):<28}{mt['loss']:>14.4f}{mc['loss']:>14.4f}")
+    m = res["mlp_tpu_metrics"]
+    print(f"tpu metrics over the MLP run: compiles={m['compiles']} cache_hits={m['cache_hits']} executions={m['executions']}")
+    if os.environ.get("OUT"):
+        with open(os.environ["OUT"], "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

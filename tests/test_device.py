@@ -1,0 +1,83 @@
+"""torch.tpu mirrors torch.cuda; torch.accelerator agrees."""
+
+import pytest
+import torch
+
+import torchtpu
+
+
+def test_device_module_basics():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() == 1
+    assert torch.tpu.current_device() == 0
+    torch.tpu.set_device(0)
+    torch.tpu.set_device("tpu:0")
+    assert "cpu" in torch.tpu.get_device_name()
+    props = torch.tpu.get_device_properties()
+    assert props.platform == torchtpu.platform() == "cpu"
+    assert torch.tpu.is_bf16_supported()
+    with torch.tpu.device(0):
+        assert torch.ones(1, device="tpu").device == torch.device("tpu", 0)
+
+
+def test_one_device_per_process_errors():
+    with pytest.raises(RuntimeError, match="one device, tpu:0"):
+        torch.tpu.set_device(1)
+    with pytest.raises(RuntimeError, match="torchrun"):
+        torch.empty(2, device="tpu:1")
+
+
+def test_accelerator_agrees():
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.current_accelerator().type == "tpu"
+    assert torch.accelerator.device_count() == 1
+    x = torch.ones(3, device="tpu") * 2
+    torch.accelerator.synchronize()
+    assert x.sum().item() == 6
+
+
+def test_tensor_methods_generated():
+    x = torch.ones(2).tpu()
+    assert x.is_tpu and x.device.type == "tpu"
+    m = torch.nn.Linear(2, 2).tpu()
+    assert m.weight.is_tpu
+
+
+def test_manual_seed_and_rng_state_roundtrip():
+    torch.manual_seed(123)
+    assert torch.tpu.initial_seed() == 123
+    state = torch.tpu.get_rng_state()
+    a = torch.rand(5, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    b = torch.rand(5, device="tpu").cpu()
+    torch.testing.assert_close(a, b)
+    c = torch.rand(5, device="tpu").cpu()
+    assert not torch.equal(b, c)
+    torch.manual_seed(123)
+    torch.testing.assert_close(torch.rand(5, device="tpu").cpu(), a)
+    assert torch.tpu.get_rng_state_all()[0].dtype == torch.uint8
+
+
+def test_memory_stats_track_live_storages():
+    torch.tpu.synchronize()
+    base = torch.tpu.memory_allocated()
+    torch.tpu.reset_peak_memory_stats()
+    x = torch.ones(1024, 256, device="tpu")  # 1 MiB
+    assert torch.tpu.memory_allocated() - base == 1024 * 256 * 4
+    y = x * 2
+    assert torch.tpu.memory_allocated() - base == 2 * 1024 * 256 * 4
+    del x, y
+    assert torch.tpu.memory_allocated() == base
+    assert torch.tpu.max_memory_allocated() - base == 2 * 1024 * 256 * 4
+    stats = torch.tpu.memory_stats()
+    assert stats["allocated_bytes.all.current"] == base
+    assert stats["allocated_bytes.all.peak"] >= base + 2 * 1024 * 256 * 4
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() == base
+
+
+def test_synchronize_waits_for_results():
+    x = torch.randn(256, 256, device="tpu")
+    y = x @ x
+    torch.tpu.synchronize()
+    torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu(), rtol=1e-4, atol=1e-4)

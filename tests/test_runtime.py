@@ -1,0 +1,137 @@
+"""The PjRT adapter: platforms, XLA_FLAGS checks, the hidden jax lookup, autoload."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from torchtpu.errors import TpuPlatformError
+from torchtpu.runtime import platforms
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
+
+
+def test_adapter_smoke():
+    from torchtpu.runtime import pjrt
+
+    rt = pjrt.get()
+    import numpy as np
+
+    buf = rt.put(np.arange(4, dtype=np.float32))
+    exe = rt.compile(
+        'module @m { func.func public @main(%a: tensor<4xf32>) -> (tensor<4xf32>) {\n'
+        '  %0 = "stablehlo.add"(%a, %a) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>\n'
+        '  "func.return"(%0) : (tensor<4xf32>) -> () } }',
+        "smoke",
+    )
+    (out,) = rt.execute(exe, [buf])
+    rt.block([out])
+    assert rt.to_numpy(out).tolist() == [0.0, 2.0, 4.0, 6.0]
+    blob = rt.serialize(exe)
+    (again,) = rt.execute(rt.deserialize(blob), [buf])
+    assert rt.to_numpy(again).tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_bad_program_text_is_a_python_error():
+    from torchtpu.errors import TpuRuntimeError
+    from torchtpu.runtime import pjrt
+
+    with pytest.raises(TpuRuntimeError, match="could not compile"):
+        pjrt.get().compile("this is not mlir", "garbage")
+
+
+def test_unknown_platform_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("TORCHTPU_PLATFORM", "abacus")
+    with pytest.raises(TpuPlatformError, match="cpu, tpu, cuda"):
+        platforms.choose()
+
+
+@pytest.mark.parametrize("name", ["tpu", "cuda"])
+def test_missing_plugin_is_a_clear_error(monkeypatch, name):
+    monkeypatch.setenv("TORCHTPU_PLATFORM", name)
+    monkeypatch.setenv("TORCHTPU_LIBTPU_PATH", "")
+    monkeypatch.setenv("TORCHTPU_CUDA_PLUGIN_PATH", "")
+    monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
+    if (name == "tpu" and platforms.libtpu_path()) or (name == "cuda" and platforms.cuda_plugin_path()):
+        pytest.skip("plugin installed")
+    with pytest.raises(TpuPlatformError, match="plugin was not found"):
+        platforms.choose()
+
+
+def test_plugin_path_that_does_not_load_is_a_clear_error():
+    r = _run(
+        """
+        import torch
+        try:
+            torch.ones(1, device="tpu")
+        except Exception as e:
+            print(type(e).__name__, e)
+        """,
+        TORCHTPU_PLATFORM="cuda",
+        TORCHTPU_CUDA_PLUGIN_PATH="/nonexistent/plugin.so",
+    )
+    assert "TpuPlatformError" in r.stdout and "not found" in r.stdout, r.stdout + r.stderr
+
+
+def test_bad_xla_flags_raise_instead_of_aborting():
+    r = _run(
+        """
+        import torch
+        try:
+            torch.ones(1, device="tpu")
+        except Exception as e:
+            print("RAISED", type(e).__name__, e)
+        """,
+        XLA_FLAGS="--xla_this_flag_does_not_exist=1",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "RAISED TpuPlatformError" in r.stdout and "XLA_FLAGS" in r.stdout
+
+
+def test_import_is_cheap_and_training_never_imports_jax():
+    r = _run(
+        """
+        import sys, torch
+        assert "jaxlib" not in sys.modules, "jaxlib imported at import torch"
+        m = torch.nn.Linear(4, 2).to("tpu")
+        loss = m(torch.randn(3, 4, device="tpu")).square().mean()
+        loss.backward()
+        torch.optim.SGD(m.parameters(), lr=0.1).step()
+        print(loss.item())
+        print("JAX", "jax" in sys.modules, [k for k in sys.modules if (k == "jax" or k.startswith("jax.")) and sys.modules[k] is not None])
+        """
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "JAX False []" in r.stdout
+
+
+def test_autoload_can_be_disabled():
+    r = _run(
+        """
+        import torch
+        print(hasattr(torch, "tpu"))
+        import torchtpu
+        print(torch.ones(2, device="tpu").cpu().tolist())
+        """,
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["False", "[1.0,", "1.0]"]
+
+
+def test_platform_default_is_cpu():
+    import torchtpu
+
+    assert torchtpu.platform() == "cpu"
+    assert torch.ones(1, device="tpu").device.type == "tpu"

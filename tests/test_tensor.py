@@ -1,0 +1,169 @@
+"""Real tpu tensors: transfers, dtypes, printing, serialization, modules."""
+
+import io
+import warnings
+
+import pytest
+import torch
+
+import torchtpu
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_roundtrip_every_dtype(dtype):
+    src = (torch.arange(-6, 6).reshape(3, 4) * 3).to(dtype)
+    t = src.to("tpu")
+    assert t.device.type == "tpu" and t.dtype == dtype and t.shape == src.shape
+    assert torch.equal(t.cpu(), src)
+    assert t.cpu().tolist() == src.tolist()
+
+
+def test_item_tolist_and_strided_readback():
+    x = torch.arange(12.0).reshape(3, 4).to("tpu")
+    assert x[1, 2].item() == 6.0
+    assert x.t().cpu().tolist() == torch.arange(12.0).reshape(3, 4).t().tolist()
+    assert x[:, 1::2].cpu().tolist() == [[1.0, 3.0], [5.0, 7.0], [9.0, 11.0]]
+    assert x.tolist() == torch.arange(12.0).reshape(3, 4).tolist()
+
+
+def test_numpy_raises_like_cuda():
+    x = torch.ones(2, device="tpu")
+    with pytest.raises(TypeError, match="cpu()"):
+        x.numpy()
+    assert x.cpu().numpy().tolist() == [1.0, 1.0]
+
+
+def test_print_and_repr():
+    x = torch.tensor([[1.5, -2.0], [3.0, 4.25]], device="tpu")
+    r = repr(x)
+    assert "device='tpu:0'" in r and "1.5000" in r and "4.2500" in r
+    assert "tpu" in str(torch.zeros(0, device="tpu"))
+
+
+def test_torch_tensor_and_factories():
+    t = torch.tensor([1, 2, 3], device="tpu")
+    assert t.dtype == torch.int64 and t.cpu().tolist() == [1, 2, 3]
+    assert torch.zeros(2, 3, device="tpu").cpu().eq(0).all()
+    assert torch.ones(4, dtype=torch.bfloat16, device="tpu").cpu().tolist() == [1.0] * 4
+    assert torch.full((2,), 7.0, device="tpu").cpu().tolist() == [7.0, 7.0]
+    assert torch.arange(5, device="tpu").cpu().tolist() == [0, 1, 2, 3, 4]
+    torch.testing.assert_close(torch.linspace(0, 1, 5, device="tpu").cpu(), torch.linspace(0, 1, 5))
+    assert torch.empty(3, 2, device="tpu").shape == (3, 2)
+
+
+def test_copy_across_devices():
+    a = torch.zeros(2, 3, device="tpu")
+    a.copy_(torch.arange(6.0).reshape(2, 3))
+    assert a.cpu().tolist() == [[0, 1, 2], [3, 4, 5]]
+    a[0].copy_(torch.tensor([9.0, 9.0, 9.0]))  # host -> device view
+    assert a.cpu().tolist() == [[9, 9, 9], [3, 4, 5]]
+    c = torch.empty(2, 3)
+    c.copy_(a)  # device -> host
+    assert c.tolist() == [[9, 9, 9], [3, 4, 5]]
+    b = torch.empty(3, dtype=torch.int32, device="tpu")
+    b.copy_(a[1])  # device -> device with dtype conversion
+    assert b.cpu().tolist() == [3, 4, 5] and b.dtype == torch.int32
+    d = torch.empty(2, 3, device="tpu")
+    d.copy_(torch.tensor([1.0, 2.0, 3.0]))  # broadcast
+    assert d.cpu().tolist() == [[1, 2, 3], [1, 2, 3]]
+
+
+def test_dtype_conversion_on_device():
+    x = torch.tensor([1.7, -2.2, 3.5], device="tpu")
+    assert x.to(torch.int32).cpu().tolist() == [1, -2, 3]
+    assert x.to(torch.bfloat16).dtype == torch.bfloat16
+    assert x.double().cpu().dtype == torch.float64
+    assert (x > 0).cpu().tolist() == [True, False, True]
+
+
+@pytest.mark.parametrize("map_location", [None, "cpu", "tpu"])
+def test_save_load(map_location, tmp_path):
+    x = torch.randn(3, 4).to("tpu")
+    path = tmp_path / "t.pt"
+    torch.save({"x": x, "v": x[1]}, path)
+    loaded = torch.load(path, map_location=map_location, weights_only=True)
+    expected_device = "cpu" if map_location == "cpu" else "tpu"
+    assert loaded["x"].device.type == expected_device
+    torch.testing.assert_close(loaded["x"].cpu(), x.cpu())
+    torch.testing.assert_close(loaded["v"].cpu(), x[1].cpu())
+
+
+def test_load_cpu_checkpoint_onto_tpu():
+    buf = io.BytesIO()
+    sd = torch.nn.Linear(3, 2).state_dict()
+    torch.save(sd, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, map_location="tpu", weights_only=True)
+    assert all(v.device.type == "tpu" for v in loaded.values())
+    torch.testing.assert_close(loaded["weight"].cpu(), sd["weight"])
+
+
+def test_module_to_state_dict_roundtrip():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    ref = {k: v.clone() for k, v in m.state_dict().items()}
+    m.to("tpu")
+    assert all(p.device.type == "tpu" for p in m.parameters())
+    assert all(isinstance(p, torch.nn.Parameter) for p in m.parameters())
+    sd = m.state_dict()
+    for k, v in sd.items():
+        torch.testing.assert_close(v.cpu(), ref[k])
+    m2 = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2)).to("tpu")
+    m2.load_state_dict(sd)
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(m2(x.to("tpu")).cpu(), m.cpu()(x))
+
+
+def test_mixing_devices_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ones(3, device="tpu") + torch.ones(3)
+    # a 0-d CPU tensor is allowed, as with CUDA
+    assert (torch.ones(3, device="tpu") * torch.tensor(2.0)).cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_missing_op_error_names_op_and_workaround():
+    x = torch.randn(8, device="tpu")
+    with pytest.raises(NotImplementedError) as e:
+        torch.fft.rfft(x)
+    msg = str(e.value)
+    assert "aten::_fft_r2c" in msg and "TORCHTPU_CPU_FALLBACK=1" in msg
+
+
+def test_cpu_fallback_runs_on_host_with_one_warning(monkeypatch):
+    monkeypatch.setenv("TORCHTPU_CPU_FALLBACK", "1")
+    x = torch.randn(8)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        a = torch.fft.rfft(x.to("tpu"))
+        torch.fft.rfft(x.to("tpu"))
+    assert sum("_fft_r2c" in str(m.message) for m in w) == 1
+    assert a.device.type == "tpu"
+    torch.testing.assert_close(a.cpu(), torch.fft.rfft(x))
+
+
+def test_metrics_second_identical_step_compiles_nothing():
+    def step(x):
+        return (x * 2 + 1).relu().sum()
+
+    x = torch.randn(16, 16, device="tpu")
+    step(x).item()
+    torchtpu.metrics.reset()
+    step(x).item()
+    snap = torchtpu.metrics.snapshot()
+    assert snap["compiles"] == 0
+    assert snap["cache_hits"] >= 4 and snap["executions"] >= 4
+    assert snap["d2h_bytes"] == 4
+    for name in ("compiles", "cache_hits", "executions", "h2d_bytes", "d2h_bytes"):
+        assert name in snap
+
+
+def test_scalar_values_do_not_recompile():
+    x = torch.randn(4, device="tpu")
+    (x * 0.5).cpu()
+    torchtpu.metrics.reset()
+    for s in (0.25, 3.0, -7.5, 11.0):
+        torch.testing.assert_close((x * s).cpu(), x.cpu() * s)
+        torch.testing.assert_close(x.add(x, alpha=s).cpu(), x.cpu() + s * x.cpu())
+    assert torchtpu.metrics.snapshot()["compiles"] <= 1  # add with alpha once

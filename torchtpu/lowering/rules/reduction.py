@@ -1,0 +1,423 @@
+"""Reductions: sum/mean/prod, amax/amin, max/min with indices, argmax/argmin, var/std,
+cumulative sums and products, logsumexp, any/all, vector norms, softmax.
+
+16-bit floats accumulate in float32 (PyTorch's opmath), then round to the output dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ...stablehlo.builder import Value
+from ...stablehlo.types import is_complex, is_float
+from ..context import NodeLowering
+from ..registry import register
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+# -- helpers (also used by the normalization and loss families) -----------------------------
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def norm_dims(dims: Any, rank: int) -> list[int]:
+    """Reduction dims, wrapped and sorted; None or [] means every dim (0-d: none)."""
+    if dims is None:
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    dims = list(dims)
+    if not dims:
+        return list(range(rank))
+    if rank == 0:
+        return []
+    return sorted({d % rank for d in dims})
+
+
+def keep_shape(shape: Sequence[int], dims: Sequence[int]) -> tuple[int, ...]:
+    return tuple(1 if i in dims else d for i, d in enumerate(shape))
+
+
+def numel(shape: Sequence[int], dims: Sequence[int] | None = None) -> int:
+    if dims is None:
+        dims = range(len(shape))
+    return math.prod(int(shape[d]) for d in dims)
+
+
+def _binop(L: NodeLowering, name: str) -> Any:
+    def body(a: Value, b: Value) -> list[Value]:
+        return [L.b.binary(name, a, b)]
+
+    return body
+
+
+def reduce_sum(L: NodeLowering, x: Value, dims: Sequence[int], dtype: torch.dtype | None = None) -> Value:
+    """Sum over ``dims`` (no keepdim), computed in ``dtype`` (default: x's accumulation dtype)."""
+    dtype = dtype or acc_dtype(x.dtype)
+    if dtype is torch.bool:
+        dtype = torch.int64
+    x = L.to(x, dtype)
+    if not dims:
+        return x
+    return L.b.reduce([x], [L.b.constant(0, dtype)], dims, _binop(L, "add"))[0]
+
+
+def sum_keep(L: NodeLowering, x: Value, dims: Sequence[int], dtype: torch.dtype | None = None) -> Value:
+    """Sum with keepdim=True."""
+    return L.b.reshape(reduce_sum(L, x, dims, dtype), keep_shape(x.shape, dims))
+
+
+def mean_keep(L: NodeLowering, x: Value, dims: Sequence[int]) -> Value:
+    s = sum_keep(L, x, dims)
+    return L.b.binary("divide", s, L.full(numel(x.shape, dims), s.shape, s.dtype))
+
+
+def _extreme(dtype: torch.dtype, is_max: bool) -> Any:
+    """Identity of max (is_max) or min: -inf/+inf, the integer bounds, False/True."""
+    if dtype is torch.bool:
+        return not is_max
+    if is_float(dtype):
+        return -math.inf if is_max else math.inf
+    info = torch.iinfo(dtype)
+    return info.min if is_max else info.max
+
+
+def reduce_extreme(L: NodeLowering, x: Value, dims: Sequence[int], is_max: bool) -> Value:
+    """amax/amin over ``dims`` (no keepdim), propagating NaN."""
+    if not dims:
+        return x
+    b = L.b
+    if x.dtype is torch.bool:
+        return b.reduce([x], [b.constant(not is_max, x.dtype)], dims, _binop(L, "or" if is_max else "and"))[0]
+    name = "maximum" if is_max else "minimum"
+
+    def body(a: Value, c: Value) -> list[Value]:
+        r = b.binary(name, a, c)
+        if is_float(a.dtype):
+            r = b.select(b.compare(a, a, "NE"), a, b.select(b.compare(c, c, "NE"), c, r))
+        return [r]
+
+    return b.reduce([x], [b.constant(_extreme(x.dtype, is_max), x.dtype)], dims, body)[0]
+
+
+def reduce_arg(L: NodeLowering, x: Value, dim: int, is_max: bool) -> tuple[Value, Value]:
+    """(values, int64 indices) of max/min along ``dim``: first index on ties, NaN wins."""
+    b = L.b
+    idx = b.iota(x.shape, dim, torch.int64)
+    direction = "GT" if is_max else "LT"
+    fl = is_float(x.dtype)
+
+    def body(av: Value, ai: Value, cv: Value, ci: Value) -> list[Value]:
+        better = b.compare(av, cv, direction)
+        tie = b.compare(av, cv, "EQ")
+        if fl:
+            a_nan = b.compare(av, av, "NE")
+            c_nan = b.compare(cv, cv, "NE")
+            better = b.binary("or", b.binary("and", a_nan, b.unary("not", c_nan)), b.binary("and", better, b.unary("not", c_nan)))
+            tie = b.binary("or", tie, b.binary("and", a_nan, c_nan))
+        first = b.binary("and", tie, b.compare(ai, ci, "LT"))
+        take_a = b.binary("or", better, first)
+        return [b.select(take_a, av, cv), b.select(take_a, ai, ci)]
+
+    init_v = b.constant(_extreme(x.dtype, is_max), x.dtype)
+    # the init must lose every tie (an all -inf row keeps a real index)
+    init_i = b.constant(torch.iinfo(torch.int64).max, torch.int64)
+    v, i = b.reduce([x, idx], [init_v, init_i], [dim], body)
+    return v, i
+
+
+def _out(L: NodeLowering, v: Value, k: int = 0) -> Value:
+    """Reshape/convert a result to PyTorch's promised output ``k``."""
+    spec = L.out[k]
+    return L.b.reshape(L.to(v, spec.dtype), spec.shape)
+
+
+# -- sum, mean, prod --------------------------------------------------------------------------
+@register(aten.sum.dim_IntList, aten.sum.default, prims.sum.default, aten.nansum.default)
+def sum_(L: NodeLowering, x: Value, dim: Any = None, keepdim: bool = False, dtype: Any = None, output_dtype: Any = None) -> Value:
+    out = L.out[0].dtype
+    if L.op is aten.nansum.default and is_float(x.dtype):
+        x = L.b.select(L.b.compare(x, x, "NE"), L.zeros(x.shape, x.dtype), x)
+    if L.op is prims.sum.default and dim is not None and len(dim) == 0:
+        return _out(L, x)
+    return _out(L, reduce_sum(L, x, norm_dims(dim, x.rank), acc_dtype(out)))
+
+
+@register(aten.mean.dim, aten.mean.default)
+def mean(L: NodeLowering, x: Value, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
+    out = L.out[0].dtype
+    dims = norm_dims(dim, x.rank)
+    s = reduce_sum(L, x, dims, acc_dtype(out))
+    s = L.b.binary("divide", s, L.full(numel(x.shape, dims), s.shape, s.dtype))
+    return _out(L, s)
+
+
+@register(aten.prod.default, aten.prod.dim_int, prims.prod.default)
+def prod(L: NodeLowering, x: Value, dim: Any = None, keepdim: bool = False, dtype: Any = None, output_dtype: Any = None) -> Value:
+    out = L.out[0].dtype
+    acc = acc_dtype(out)
+    dims = norm_dims(dim, x.rank)
+    if L.op is prims.prod.default and dim is not None and len(dim) == 0:
+        dims = []
+    x = L.to(x, acc)
+    if dims:
+        x = L.b.reduce([x], [L.b.constant(1, acc)], dims, _binop(L, "multiply"))[0]
+    return _out(L, x)
+
+
+# -- amax/amin, max/min, argmax/argmin ----------------------------------------------------------
+@register(aten.amax.default, aten.amin.default, prims.amax.default, prims.amin.default)
+def amax(L: NodeLowering, x: Value, dim: Any = (), keepdim: bool = False, output_dtype: Any = None) -> Value:
+    is_max = L.op in (aten.amax.default, prims.amax.default)
+    if L.op in (prims.amax.default, prims.amin.default) and dim is not None and len(dim) == 0:
+        return _out(L, x)
+    return _out(L, reduce_extreme(L, x, norm_dims(dim, x.rank), is_max))
+
+
+@register(aten.max.default, aten.min.default)
+def max_full(L: NodeLowering, x: Value) -> Value:
+    return _out(L, reduce_extreme(L, x, list(range(x.rank)), L.op is aten.max.default))
+
+
+@register(aten.max.dim, aten.min.dim)
+def max_dim(L: NodeLowering, x: Value, dim: int, keepdim: bool = False) -> tuple[Value, Value]:
+    is_max = L.op is aten.max.dim
+    if x.rank == 0:
+        return x, L.zeros((), torch.int64)
+    v, i = reduce_arg(L, x, dim % x.rank, is_max)
+    return _out(L, v, 0), _out(L, i, 1)
+
+
+@register(aten.argmax.default, aten.argmin.default)
+def argmax(L: NodeLowering, x: Value, dim: int | None = None, keepdim: bool = False) -> Value:
+    is_max = L.op is aten.argmax.default
+    if x.rank == 0:
+        return L.zeros(L.out[0].shape, torch.int64)
+    if dim is None:
+        x = L.b.reshape(x, (numel(x.shape),))
+        dim = 0
+    _, i = reduce_arg(L, x, dim % x.rank, is_max)
+    return _out(L, i)
+
+
+# -- var/std -----------------------------------------------------------------------------------
+def _abs2(L: NodeLowering, d: Value) -> Value:
+    b = L.b
+    if is_complex(d.dtype):
+        real = torch.float32 if d.dtype is torch.complex64 else torch.float64
+        re = b.op1("stablehlo.real", [d], d.shape, real)
+        im = b.op1("stablehlo.imag", [d], d.shape, real)
+        return b.binary("add", b.binary("multiply", re, re), b.binary("multiply", im, im))
+    return b.binary("multiply", d, d)
+
+
+def var_keep(L: NodeLowering, x: Value, dims: Sequence[int], correction: Any = 1) -> tuple[Value, Value]:
+    """(var, mean) with keepdim, in x's accumulation dtype (two-pass)."""
+    x = L.to(x, acc_dtype(x.dtype))
+    m = mean_keep(L, x, dims)
+    d = L.b.binary("subtract", x, L.broadcast_to(m, x.shape))
+    ss = sum_keep(L, _abs2(L, d), dims)
+    n = numel(x.shape, dims)
+    denom = max(0.0, n - (1 if correction is None else float(correction)))
+    return L.b.binary("divide", ss, L.full(denom, ss.shape, ss.dtype)), m
+
+
+def _var_common(L: NodeLowering, x: Value, dim: Any, correction: Any) -> tuple[Value, Value]:
+    dims = norm_dims(dim, x.rank)
+    return var_keep(L, x, dims, correction)
+
+
+@register(aten.var.correction, aten.std.correction, aten.var_mean.correction, aten.std_mean.correction, static_scalars=True)
+def var(L: NodeLowering, x: Value, dim: Any = None, correction: Any = None, keepdim: bool = False) -> Any:
+    v, m = _var_common(L, x, dim, correction)
+    if L.op in (aten.std.correction, aten.std_mean.correction):
+        v = L.b.unary("sqrt", v)
+    if L.op in (aten.var_mean.correction, aten.std_mean.correction):
+        return _out(L, v, 0), _out(L, m, 1)
+    return _out(L, v)
+
+
+@register(prims.var.default)
+def prims_var(L: NodeLowering, x: Value, dims: Any, correction: Any = 1, output_dtype: Any = None) -> Value:
+    if dims is not None and len(dims) == 0:
+        return L.zeros(L.out[0].shape, L.out[0].dtype)
+    v, _ = _var_common(L, x, dims, correction)
+    return _out(L, v)
+
+
+# -- cumulative ops -------------------------------------------------------------------------------
+def scan(L: NodeLowering, x: Value, dim: int, name: str, init: Any) -> Value:
+    """Inclusive scan along ``dim`` (Hillis-Steele: log2(n) shifted combines)."""
+    b = L.b
+    n = x.shape[dim]
+    k = 1
+    while k < n:
+        low = [0] * x.rank
+        high = [0] * x.rank
+        low[dim] = k
+        limit = list(x.shape)
+        limit[dim] = n - k
+        shifted = b.pad(b.slice(x, [0] * x.rank, limit), b.constant(init, x.dtype), low, high)
+        x = b.binary(name, x, shifted)
+        k *= 2
+    return x
+
+
+@register(aten.cumsum.default, aten.cumprod.default)
+def cumsum(L: NodeLowering, x: Value, dim: int, dtype: Any = None) -> Value:
+    out = L.out[0].dtype
+    acc = acc_dtype(out)
+    x = L.to(x, acc)
+    if x.rank == 0:
+        return _out(L, x)
+    is_sum = L.op is aten.cumsum.default
+    if acc is torch.bool:
+        acc = torch.int64
+        x = L.to(x, acc)
+    return _out(L, scan(L, x, dim % x.rank, "add" if is_sum else "multiply", 0 if is_sum else 1))
+
+
+@register(aten.logcumsumexp.default)
+def logcumsumexp(L: NodeLowering, x: Value, dim: int) -> Value:
+    x = L.to(x, acc_dtype(L.out[0].dtype))
+    if x.rank == 0:
+        return _out(L, x)
+    b = L.b
+
+    def logaddexp(u: Value, v: Value) -> Value:
+        m = b.binary("maximum", u, v)
+        safe = b.select(b.compare(b.unary("abs", m), L.full(math.inf, m.shape, m.dtype), "EQ"), L.zeros(m.shape, m.dtype), m)
+        s = b.binary("add", b.unary("exponential", b.binary("subtract", u, safe)), b.unary("exponential", b.binary("subtract", v, safe)))
+        return b.binary("add", b.unary("log", s), safe)
+
+    dim = dim % x.rank
+    n = x.shape[dim]
+    k = 1
+    while k < n:
+        low = [0] * x.rank
+        low[dim] = k
+        limit = list(x.shape)
+        limit[dim] = n - k
+        shifted = b.pad(b.slice(x, [0] * x.rank, limit), b.constant(-math.inf, x.dtype), low, [0] * x.rank)
+        x = logaddexp(x, shifted)
+        k *= 2
+    return _out(L, x)
+
+
+# -- logsumexp, any/all, norms ---------------------------------------------------------------------
+def logsumexp_keep(L: NodeLowering, x: Value, dims: Sequence[int]) -> Value:
+    """logsumexp with keepdim, in x's dtype (pass f32 for 16-bit inputs)."""
+    b = L.b
+    if not dims:
+        return x
+    m = b.reshape(reduce_extreme(L, x, dims, True), keep_shape(x.shape, dims))
+    safe = b.select(b.compare(b.unary("abs", m), L.full(math.inf, m.shape, m.dtype), "EQ"), L.zeros(m.shape, m.dtype), m)
+    e = b.unary("exponential", b.binary("subtract", x, L.broadcast_to(safe, x.shape)))
+    return b.binary("add", b.unary("log", sum_keep(L, e, dims)), safe)
+
+
+@register(aten.logsumexp.default)
+def logsumexp(L: NodeLowering, x: Value, dim: Any, keepdim: bool = False) -> Value:
+    x = L.to(x, acc_dtype(L.out[0].dtype))
+    return _out(L, logsumexp_keep(L, x, norm_dims(dim, x.rank)))
+
+
+@register(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
+def any_all(L: NodeLowering, x: Value, dim: Any = None, keepdim: bool = False) -> Value:
+    is_any = L.op in (aten.any.default, aten.any.dim, aten.any.dims)
+    x = L.to(x, torch.bool)
+    dims = norm_dims(dim, x.rank)
+    if dims:
+        x = L.b.reduce([x], [L.b.constant(not is_any, torch.bool)], dims, _binop(L, "or" if is_any else "and"))[0]
+    return _out(L, x)
+
+
+def _real_abs(L: NodeLowering, x: Value) -> Value:
+    if is_complex(x.dtype):
+        real = torch.float32 if x.dtype is torch.complex64 else torch.float64
+        return L.b.op1("stablehlo.abs", [x], x.shape, real)
+    return L.b.unary("abs", x)
+
+
+@register(aten.linalg_vector_norm.default, static_scalars=True)
+def linalg_vector_norm(L: NodeLowering, x: Value, ord: Any = 2, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:  # noqa: A002
+    b = L.b
+    out = L.out[0].dtype
+    if dtype is not None:
+        x = L.to(x, dtype)
+    if not is_complex(x.dtype):
+        x = L.to(x, acc_dtype(out))
+    a = _real_abs(L, x)
+    a = L.to(a, acc_dtype(out))
+    dims = norm_dims(dim, x.rank)
+    p = float(ord)
+    if p == math.inf:
+        r = reduce_extreme(L, a, dims, True)
+    elif p == -math.inf:
+        r = reduce_extreme(L, a, dims, False)
+    elif p == 0:
+        r = reduce_sum(L, L.to(b.compare(a, L.zeros(a.shape, a.dtype), "NE"), a.dtype), dims)
+    elif p == 1:
+        r = reduce_sum(L, a, dims)
+    elif p == 2:
+        r = b.unary("sqrt", reduce_sum(L, b.binary("multiply", a, a), dims))
+    else:
+        s = reduce_sum(L, b.binary("power", a, L.full(p, a.shape, a.dtype)), dims)
+        r = b.binary("power", s, L.full(1.0 / p, s.shape, s.dtype))
+    return _out(L, r)
+
+
+# -- softmax ---------------------------------------------------------------------------------------
+def _softmax_dims(x: Value, dim: int) -> list[int]:
+    return [dim % x.rank] if x.rank else []
+
+
+def softmax_f(L: NodeLowering, x: Value, dim: int, log: bool) -> Value:
+    """(log_)softmax of x along ``dim`` in x's dtype."""
+    b = L.b
+    dims = _softmax_dims(x, dim)
+    if not dims:
+        return L.zeros(x.shape, x.dtype) if log else L.full(1, x.shape, x.dtype)
+    m = b.reshape(reduce_extreme(L, x, dims, True), keep_shape(x.shape, dims))
+    # an all -inf row gives NaN, like PyTorch
+    shifted = b.binary("subtract", x, L.broadcast_to(m, x.shape))
+    e = b.unary("exponential", shifted)
+    s = sum_keep(L, e, dims)
+    if log:
+        return b.binary("subtract", shifted, L.broadcast_to(b.unary("log", s), x.shape))
+    return b.binary("divide", e, L.broadcast_to(s, x.shape))
+
+
+@register(aten._softmax.default, aten._log_softmax.default)
+def softmax(L: NodeLowering, x: Value, dim: int, half_to_float: bool = False) -> Value:
+    x = L.to(x, acc_dtype(x.dtype))
+    return _out(L, softmax_f(L, x, dim, L.op is aten._log_softmax.default))
+
+
+@register(aten._softmax_backward_data.default)
+def softmax_backward(L: NodeLowering, grad: Value, y: Value, dim: int, input_dtype: Any) -> Value:
+    b = L.b
+    acc = acc_dtype(grad.dtype)
+    g, y = L.to(grad, acc), L.to(y, acc)
+    dims = _softmax_dims(y, dim)
+    gy = b.binary("multiply", g, y)
+    r = b.binary("subtract", gy, b.binary("multiply", y, L.broadcast_to(sum_keep(L, gy, dims), y.shape)))
+    return _out(L, r)
+
+
+@register(aten._log_softmax_backward_data.default)
+def log_softmax_backward(L: NodeLowering, grad: Value, y: Value, dim: int, input_dtype: Any) -> Value:
+    b = L.b
+    acc = acc_dtype(grad.dtype)
+    g, y = L.to(grad, acc), L.to(y, acc)
+    dims = _softmax_dims(y, dim)
+    r = b.binary("subtract", g, b.binary("multiply", b.unary("exponential", y), L.broadcast_to(sum_keep(L, g, dims), y.shape)))
+    return _out(L, r)
