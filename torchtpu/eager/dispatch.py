@@ -95,6 +95,12 @@ def _scalar_dtype(pytype: type) -> torch.dtype:
     return torch.int64
 
 
+def _lifted(v: Any, lift: bool) -> bool:
+    """Is this Python number passed as a device operand (not baked into the program)?"""
+    tp = type(v)
+    return lift and (tp is float or tp is int or tp is complex) and v not in _SPECIAL_SCALARS
+
+
 def _freeze(v: Any) -> Any:
     if isinstance(v, list):
         return tuple(_freeze(x) for x in v)
@@ -140,7 +146,7 @@ class _Call:
 
     def scalar(self, v: Any, lift: bool) -> Any:
         tp = type(v)
-        if lift and (tp is float or tp is int or tp is complex) and v not in _SPECIAL_SCALARS:
+        if _lifted(v, lift):
             self.scalars.append(_device_scalar(v, tp))
             self.scalar_types.append(tp)
             return ("s", tp)
@@ -154,7 +160,12 @@ def _collect(plan: OpPlan, values: list[Any]) -> _Call:
     lift = plan.lift_scalars
     for kind, v in zip(plan.kinds, values):
         if kind == KIND_TENSOR:
-            key.append(None if v is None else call.tensor(v))
+            if v is None:
+                key.append(None)
+            elif isinstance(v, torch.Tensor):
+                key.append(call.tensor(v))
+            else:  # a Python number where the schema says Tensor (e.g. x.mul_(0.9))
+                key.append(call.scalar(v, lift))
         elif kind == KIND_TENSOR_LIST:
             key.append(tuple(None if t is None else call.tensor(t) for t in v))
         elif kind == KIND_SCALAR:
@@ -274,11 +285,13 @@ def _build(plan: OpPlan, values: list[Any], call: _Call) -> Program:
     scalar_iter = iter(scalar_params)
     lowered: list[Any] = []
     for kind, v in zip(plan.kinds, values):
-        if kind == KIND_TENSOR:
+        if kind == KIND_TENSOR and v is not None and not isinstance(v, torch.Tensor):
+            lowered.append(next(scalar_iter) if _lifted(v, plan.lift_scalars) else v)
+        elif kind == KIND_TENSOR:
             lowered.append(None if v is None else _view(b, bases, call, next(tensor_iter), geometry))
         elif kind == KIND_TENSOR_LIST:
             lowered.append([None if t is None else _view(b, bases, call, next(tensor_iter), geometry) for t in v])
-        elif kind == KIND_SCALAR and isinstance(v, (int, float, complex)) and not isinstance(v, bool) and plan.lift_scalars and v not in _SPECIAL_SCALARS:
+        elif kind == KIND_SCALAR and _lifted(v, plan.lift_scalars):
             lowered.append(next(scalar_iter))
         elif kind == KIND_SCALAR_LIST and plan.lift_scalars and v:
             lowered.append(_scalar_list(b, next(scalar_iter), len(v)))

@@ -42,8 +42,20 @@ def _is_write(a: Any) -> bool:
     return a.alias_info is not None and a.alias_info.is_write
 
 
-def _signature(schema: Any, drop_out: bool) -> list[str]:
-    return [a.name for a in schema.arguments if not (drop_out and a.kwarg_only and _is_write(a))]
+def _signature(schema: Any, drop_out: bool) -> list[tuple[str, str]]:
+    return [(a.name, str(a.type)) for a in schema.arguments if not (drop_out and a.kwarg_only and _is_write(a))]
+
+
+_FACTORY_EXTRAS = {"dtype", "layout", "device", "pin_memory"}
+
+
+def _matches(candidate: list[tuple[str, str]], want: list[tuple[str, str]], schema: Any) -> bool:
+    """Same arguments, or (for factory out= ops) the same plus the optional
+    dtype/layout/device/pin_memory keywords of the functional form."""
+    if candidate == want:
+        return True
+    extra = [c for c in candidate if c not in want]
+    return [c for c in candidate if c in want] == want and all(name in _FACTORY_EXTRAS for name, _ in extra)
 
 
 def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
@@ -63,7 +75,7 @@ def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | Non
             ov = getattr(packet, name)
             if ov is op or any(_is_write(a) for a in ov._schema.arguments):
                 continue
-            if _signature(ov._schema, drop_out=False) == want:
+            if _matches(_signature(ov._schema, drop_out=False), want, ov._schema):
                 return ov
     return None
 
@@ -121,7 +133,12 @@ class OpPlan:
     def functional_args(self, values: list[Any]) -> tuple[list[Any], dict[str, Any]]:
         fargs, fkwargs = [], {}
         for name, kwonly, idx, a in self.f_args:
-            v = values[idx] if idx >= 0 else (a.default_value if a.has_default_value() else None)
+            if idx >= 0:
+                v = values[idx]
+            elif name == "dtype" and self.out_positions:  # factory out=: the result takes out's dtype
+                v = values[self.out_positions[0]].dtype
+            else:
+                v = a.default_value if a.has_default_value() else None
             if kwonly:
                 fkwargs[name] = v
             else:

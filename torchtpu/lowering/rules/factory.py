@@ -19,31 +19,6 @@ from ..registry import register
 aten = torch.ops.aten
 
 
-def _install_meta_device_fix() -> None:
-    """Work around a core bug until eager/plan.py handles it: ``OpPlan.functional_meta``
-    re-runs a factory op with its original ``device="tpu"`` argument to get the output
-    metadata, which dispatches back into the tpu kernel (infinite recursion). Computing
-    metadata never needs the real device, so map any tpu device to ``meta``."""
-    from ...eager import plan
-
-    orig = plan._meta
-    if getattr(orig, "_tpu_device_fix", False):
-        return
-
-    def _meta(v: Any) -> Any:
-        if isinstance(v, torch.device) and v.type != "meta":
-            return torch.device("meta")
-        if isinstance(v, str) and v.split(":")[0] in ("tpu", torch._C._get_privateuse1_backend_name()):
-            return torch.device("meta")
-        return orig(v)
-
-    _meta._tpu_device_fix = True  # type: ignore[attr-defined]
-    plan._meta = _meta
-
-
-_install_meta_device_fix()
-
-
 def _compute_dtype(L: NodeLowering, dtype: torch.dtype) -> torch.dtype:
     """Dtype the values are computed in before the final conversion (like PyTorch's
     accumulate types): f64 for floats when available, i64 for integers."""
@@ -95,10 +70,11 @@ def scalar_tensor(L: NodeLowering, s: Any, **kwargs: Any) -> Value:
 # -- ranges ----------------------------------------------------------------------------------
 @register(aten.arange.default, aten.arange.start, aten.arange.start_step, static_scalars=True)
 def arange(L: NodeLowering, *args: Any, **kwargs: Any) -> Value:
+    # the length comes from the output spec; only start and step matter here
     if L.op is aten.arange.default:
-        start, end, step = 0, args[0], 1
+        start, step = 0, 1
     else:
-        start, end = args[0], args[1]
+        start = args[0]
         step = args[2] if len(args) > 2 else kwargs.get("step", 1)
     out = L.out[0]
     (n,) = out.shape

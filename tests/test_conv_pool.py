@@ -1,0 +1,118 @@
+"""Convolution, pooling and upsampling on tpu vs CPU, forward and gradients."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from utils import TPU, assert_close, check
+
+
+def r(*shape, dtype=torch.float32, grad=True):
+    return torch.randn(*shape, dtype=dtype).requires_grad_(grad)
+
+
+CONV_TOL = dict(atol=1e-4, rtol=1e-4)
+
+CONV_CASES = {
+    "2d": (lambda x, w, b: F.conv2d(x, w, b), (2, 3, 8, 8), (4, 3, 3, 3), 4),
+    "2d_stride_pad_dil": (lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, dilation=2), (2, 4, 9, 10), (6, 4, 3, 2), 6),
+    "2d_groups": (lambda x, w, b: F.conv2d(x, w, b, stride=(2, 3), padding=(1, 2), groups=2), (2, 4, 9, 10), (6, 2, 3, 3), 6),
+    # (10 + 0 - 3) % 4 = 3: the last input rows are never read
+    "2d_uneven_stride": (lambda x, w, b: F.conv2d(x, w, b, stride=4), (1, 2, 10, 11), (3, 2, 3, 3), 3),
+    "depthwise": (lambda x, w, b: F.conv2d(x, w, b, padding=1, groups=4), (2, 4, 6, 6), (8, 1, 3, 3), 8),
+    "1d": (lambda x, w, b: F.conv1d(x, w, b, stride=3, padding=2), (2, 3, 11), (5, 3, 4), 5),
+    "3d": (lambda x, w, b: F.conv3d(x, w, b, padding=1), (1, 2, 5, 6, 4), (3, 2, 3, 3, 3), 3),
+    "2d_unbatched_same": (lambda x, w, b: F.conv2d(x, w, b, padding="same"), (3, 8, 8), (4, 3, 3, 3), 4),
+    "t2d": (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1), (2, 4, 5, 6), (4, 3, 3, 3), 3),
+    "t2d_groups_dil": (
+        lambda x, w, b: F.conv_transpose2d(x, w, b, stride=3, padding=1, output_padding=(2, 1), groups=2, dilation=2),
+        (2, 4, 5, 6), (4, 3, 3, 3), 6,
+    ),
+    "t1d_nobias": (lambda x, w, b: F.conv_transpose1d(x, w, b, stride=2), (2, 4, 7), (4, 2, 3), None),
+    "t3d": (lambda x, w, b: F.conv_transpose3d(x, w, b, stride=2), (1, 2, 3, 4, 3), (2, 3, 2, 2, 2), 3),
+}
+
+
+@pytest.mark.parametrize("name", list(CONV_CASES))
+def test_conv(name):
+    fn, xs, ws, bs = CONV_CASES[name]
+    check(fn, r(*xs), r(*ws), None if bs is None else r(bs), **CONV_TOL)
+
+
+def test_conv_no_bias_input_without_grad():
+    # convolution_backward with output_mask [False, True, False]
+    check(lambda x, w: F.conv2d(x, w, padding=1), r(2, 3, 6, 6, grad=False), r(4, 3, 3, 3), **CONV_TOL)
+
+
+def test_conv_bf16():
+    check(lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1), r(2, 3, 8, 8, dtype=torch.bfloat16),
+          r(4, 3, 3, 3, dtype=torch.bfloat16), r(4, dtype=torch.bfloat16), atol=5e-2, rtol=2e-2)
+
+
+def test_conv_module():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 4, 3, bias=False))
+    mt = copy.deepcopy(m).to(TPU)
+    x = torch.randn(2, 3, 10, 10)
+    expected = m(x)
+    expected.sum().backward()
+    actual = mt(x.to(TPU))
+    assert_close(actual, expected, **CONV_TOL)
+    actual.sum().backward()
+    for p, pt in zip(m.parameters(), mt.parameters(), strict=True):
+        assert_close(pt.grad, p.grad, **CONV_TOL)
+
+
+POOL_CASES = {
+    "max2d": lambda x: F.max_pool2d(x, 2),
+    "max2d_idx": lambda x: F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True),
+    "max2d_ceil_dil": lambda x: F.max_pool2d(
+        x, (3, 2), stride=(2, 3), padding=(1, 0), dilation=(1, 2), ceil_mode=True, return_indices=True
+    ),
+    "max1d": lambda x: F.max_pool1d(x[:, :, 0], 3, stride=2, return_indices=True),
+    "max3d": lambda x: F.max_pool3d(x[:, :, None, :, :].expand(-1, -1, 3, -1, -1), 2, stride=2, padding=1, return_indices=True),
+    "max2d_unbatched": lambda x: F.max_pool2d(x[0], 2, return_indices=True),
+    "avg2d": lambda x: F.avg_pool2d(x, 3, stride=2, padding=1),
+    "avg2d_nopad_count_ceil": lambda x: F.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+    "avg2d_ceil": lambda x: F.avg_pool2d(x, (3, 2), stride=(2, 3), padding=(1, 1), ceil_mode=True),
+    "avg2d_divisor": lambda x: F.avg_pool2d(x, 2, divisor_override=3),
+    "avg1d": lambda x: F.avg_pool1d(x[:, :, 0], 3, stride=2, padding=1),
+    "avg3d": lambda x: F.avg_pool3d(x[:, :, :4, :5, None].expand(-1, -1, -1, -1, 3), 2, stride=1, padding=1, count_include_pad=False),
+    "adaptive_avg2d": lambda x: F.adaptive_avg_pool2d(x, (3, 4)),
+    "adaptive_avg2d_global": lambda x: F.adaptive_avg_pool2d(x, 1),
+    "adaptive_avg1d": lambda x: F.adaptive_avg_pool1d(x[:, :, 0], 4),
+    "adaptive_avg3d": lambda x: F.adaptive_avg_pool3d(x[:, :, :, :, None].expand(-1, -1, -1, -1, 3), (2, 3, 2)),
+    "adaptive_max2d": lambda x: F.adaptive_max_pool2d(x, (3, 4), return_indices=True),
+    "adaptive_max2d_even": lambda x: F.adaptive_max_pool2d(x, (5, 1), return_indices=True),
+    "adaptive_max1d": lambda x: F.adaptive_max_pool1d(x[:, :, 0], 3, return_indices=True),
+    "nearest2x": lambda x: F.interpolate(x, scale_factor=2, mode="nearest"),
+    "nearest_size": lambda x: F.interpolate(x, size=(7, 13), mode="nearest"),
+    "nearest_exact": lambda x: F.interpolate(x, size=(7, 13), mode="nearest-exact"),
+    "bilinear": lambda x: F.interpolate(x, size=(7, 13), mode="bilinear"),
+    "bilinear_scale": lambda x: F.interpolate(x, scale_factor=1.7, mode="bilinear"),
+    "bilinear_align": lambda x: F.interpolate(x, scale_factor=1.7, mode="bilinear", align_corners=True),
+    "linear1d": lambda x: F.interpolate(x[:, :, 0], scale_factor=2.5, mode="linear"),
+    "trilinear": lambda x: F.interpolate(x[:, :, :3, :4, None].expand(-1, -1, -1, -1, 2), size=(4, 5, 3), mode="trilinear"),
+}
+
+
+@pytest.mark.parametrize("name", list(POOL_CASES))
+def test_pool(name):
+    check(POOL_CASES[name], r(2, 3, 10, 11), atol=1e-5, rtol=1e-5)
+
+
+def test_max_pool_ties_and_inf():
+    x = torch.tensor([[[[1.0, 1.0, 3.0, 3.0], [1.0, 1.0, 3.0, float("-inf")], [float("-inf")] * 4, [2.0, 5.0, 5.0, 2.0]]]])
+    check(lambda t: F.max_pool2d(t, 2, stride=1, return_indices=True), x.requires_grad_())
+
+
+def test_pool_bf16():
+    x = r(2, 3, 8, 9, dtype=torch.bfloat16)
+    tol = dict(atol=2e-2, rtol=2e-2)
+    check(lambda t: F.max_pool2d(t, 3, stride=2, padding=1, return_indices=True), x, **tol)
+    check(lambda t: F.avg_pool2d(t, 3, stride=2, padding=1), x, **tol)
+    check(lambda t: F.adaptive_avg_pool2d(t, (3, 4)), x, **tol)
+    check(lambda t: F.interpolate(t, scale_factor=2, mode="bilinear"), x, **tol)

@@ -1,0 +1,93 @@
+"""Loss functions on tpu vs CPU (forward and gradients)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from utils import check
+
+REDUCTIONS = ["mean", "sum", "none"]
+
+
+def _logits(*shape, dtype=torch.float32):
+    return torch.randn(shape).to(dtype).requires_grad_()
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_nll_loss(reduction):
+    x = _logits(5, 4)
+    t = torch.tensor([0, 3, 1, -100, 2])
+    w = torch.rand(4) + 0.1
+    check(lambda x, t: F.nll_loss(x, t, reduction=reduction), x, t)
+    check(lambda x, t, w: F.nll_loss(x, t, w, reduction=reduction), x, t, w)
+    check(lambda x, t: F.nll_loss(x, t, ignore_index=1, reduction=reduction), x, t.clamp_min(0))
+
+
+def test_nll_loss_unbatched_and_2d():
+    check(lambda x, t: F.nll_loss(x, t), _logits(4), torch.tensor(2))
+    x = _logits(2, 3, 4, 5)
+    t = torch.randint(0, 3, (2, 4, 5))
+    t[0, 0, 0] = -100
+    check(lambda x, t: F.nll_loss(x, t), x, t)
+    check(lambda x, t, w: F.nll_loss(x, t, w, reduction="none"), x, t, torch.rand(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_cross_entropy(dtype):
+    x = _logits(6, 5, dtype=dtype)
+    t = torch.randint(0, 5, (6,))
+    check(lambda x, t: F.cross_entropy(x, t), x, t)
+
+
+def test_cross_entropy_variants():
+    x = _logits(6, 5)
+    t = torch.randint(0, 5, (6,))
+    w = torch.rand(5) + 0.1
+    check(lambda x, t, w: F.cross_entropy(x, t, w, reduction="sum"), x, t, w)
+    check(lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1), x, t)
+    check(lambda x, t, w: F.cross_entropy(x, t, w, label_smoothing=0.2, reduction="sum"), x, t, w)
+    check(lambda x, p: F.cross_entropy(x, p), x, torch.rand(6, 5).softmax(1))
+    x4 = _logits(2, 3, 4, 4)
+    check(lambda x, t: F.cross_entropy(x, t), x4, torch.randint(0, 3, (2, 4, 4)))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_regression_losses(reduction):
+    x = _logits(4, 5)
+    y = torch.randn(4, 5).requires_grad_()
+    check(lambda x, y: F.mse_loss(x, y, reduction=reduction), x, y)
+    check(lambda x, y: F.l1_loss(x, y, reduction=reduction), x, y)
+    check(lambda x, y: F.smooth_l1_loss(x, y, reduction=reduction, beta=0.5), x, y)
+    check(lambda x, y: F.huber_loss(x, y, reduction=reduction, delta=0.7), x, y)
+
+
+def test_regression_losses_misc():
+    x = _logits(4, 5)
+    y = torch.randn(4, 5)
+    check(lambda x, y: F.smooth_l1_loss(x, y, beta=0.0), x, y)
+    check(lambda x, y: F.mse_loss(x, y), _logits(3, 8, dtype=torch.bfloat16), torch.randn(3, 8).to(torch.bfloat16))
+    check(lambda x, y: F.mse_loss(x, y), _logits(7), torch.randn(7, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_binary_cross_entropy(reduction):
+    p = torch.rand(4, 5).clamp(0.05, 0.95).requires_grad_()
+    t = torch.rand(4, 5)
+    w = torch.rand(4, 5)
+    check(lambda p, t: F.binary_cross_entropy(p, t, reduction=reduction), p, t)
+    check(lambda p, t, w: F.binary_cross_entropy(p, t, w, reduction=reduction), p, t, w)
+
+
+def test_binary_cross_entropy_edges():
+    p = torch.tensor([0.0, 1.0, 0.5, 1e-30])
+    t = torch.tensor([0.0, 1.0, 1.0, 1.0])
+    check(lambda p, t: F.binary_cross_entropy(p, t, reduction="none"), p, t, grad=False)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_bce_with_logits(reduction):
+    x = (torch.randn(4, 5) * 5).requires_grad_()
+    t = torch.rand(4, 5)
+    w = torch.rand(5)
+    pw = torch.rand(5) + 0.5
+    check(lambda x, t: F.binary_cross_entropy_with_logits(x, t, reduction=reduction), x, t)
+    check(lambda x, t, w, pw: F.binary_cross_entropy_with_logits(x, t, w, pos_weight=pw, reduction=reduction), x, t, w, pw)

@@ -1,0 +1,354 @@
+"""Optimizer paths: the ``_foreach_*`` ops and the fused Adam/AdamW/SGD kernels.
+
+Each call is ONE program: a ``_foreach_*`` rule lowers the matching single-tensor op
+(``_foreach_add.List`` -> ``aten.add.Tensor``) once per list element into the same
+builder, and the fused rules write PyTorch's fused-kernel math for every parameter.
+Hyper-parameters (lr, betas, ...) arrive as device scalar operands and the Adam step
+count is read from the ``state_steps`` tensors inside the program, so repeated steps
+reuse the compiled program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ...stablehlo.builder import Value
+from ...stablehlo.types import is_float
+from ..context import NodeLowering, ScalarValue
+from ..registry import register
+
+aten = torch.ops.aten
+
+
+# -- generic foreach -----------------------------------------------------------------------------
+def _single_op(base: str, overload: str, element_args: Sequence[Any]) -> Any:
+    """The single-tensor overload that ``_foreach_<base>.<overload>`` applies per element."""
+    packet = getattr(aten, base)
+    if overload == "default":
+        return packet.default
+    if base == "pow":
+        if overload == "ScalarAndTensor":
+            return packet.Scalar
+        return (
+            packet.Tensor_Tensor
+            if isinstance(element_args[1], Value) and not isinstance(element_args[1], ScalarValue)
+            else packet.Tensor_Scalar
+        )
+    if base in ("maximum", "minimum"):
+        if overload == "List":
+            return packet.default
+        return aten.clamp_min.default if base == "maximum" else aten.clamp_max.default
+    if base in ("clamp_min", "clamp_max"):
+        return packet.Tensor if overload == "List" else packet.default
+    if base in ("addcmul", "addcdiv"):
+        return packet.default
+    if base == "lerp":
+        return packet.Tensor if overload == "List" else packet.Scalar
+    # add / sub / mul / div
+    other = element_args[1]
+    return packet.Tensor if isinstance(other, Value) and not isinstance(other, ScalarValue) else packet.Scalar
+
+
+def _is_per_element(x: Any, n: int) -> bool:
+    return isinstance(x, (list, tuple)) and len(x) == n
+
+
+def _element(x: Any, i: int, n: int) -> Any:
+    return x[i] if _is_per_element(x, n) else x
+
+
+def _foreach_rule(base: str, overload: str) -> Any:
+    def rule(L: NodeLowering, *args: Any, **kwargs: Any) -> list[Value]:
+        lists = [a for a in args if isinstance(a, (list, tuple))]
+        n = len(lists[0]) if lists else 0
+        outs = []
+        for i in range(n):
+            eargs = [_element(a, i, n) for a in args]
+            ekwargs = {k: _element(v, i, n) for k, v in kwargs.items()}
+            if overload == "Tensor" and base in ("addcmul", "addcdiv"):
+                # one scalar per element, given as a 1-d device tensor
+                s = eargs[3]
+                s = L.b.reshape(L.b.slice(s, [i], [i + 1]), ()) if s.rank else s
+                eargs[3] = ScalarValue(s.name, s.dtype, float if is_float(s.dtype) else int)
+            op = _single_op(base, overload, eargs)
+            if base in ("addcmul", "addcdiv") and len(eargs) > 3:
+                ekwargs["value"] = eargs.pop(3)
+            if base == "copy":
+                ekwargs.pop("non_blocking", None)
+                eargs = eargs[:2]
+            outs.append(L.lower(op, *eargs, **ekwargs))
+        return outs
+
+    return rule
+
+
+_FOREACH_SKIP = {"norm", "max", "mm", "powsum"}  # own rules below, or not supported
+
+
+def _register_foreach() -> None:
+    names = sorted({n[6:].split(".")[0] for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::_foreach_")})
+    for name in names:
+        if name.endswith("_"):
+            continue
+        base = name[len("_foreach_") :]
+        if base in _FOREACH_SKIP or not hasattr(aten, base):
+            continue
+        packet = getattr(aten, name)
+        for overload in packet.overloads():
+            if "out" in overload:
+                continue
+            register(getattr(packet, overload))(_foreach_rule(base, overload))
+
+
+_register_foreach()
+
+
+def _reduce_all(L: NodeLowering, x: Value, kind: str) -> Value:
+    b = L.b
+    dtype = x.dtype
+    if kind == "add":
+        init = b.constant(0, dtype)
+    elif kind == "maximum":
+        init = b.constant(float("-inf") if is_float(dtype) else torch.iinfo(dtype).min, dtype)
+    else:
+        init = b.constant(float("inf") if is_float(dtype) else torch.iinfo(dtype).max, dtype)
+    (r,) = b.reduce([x], [init], list(range(x.rank)), lambda a, y: [b.binary(kind, a, y)])
+    return r
+
+
+@register(aten._foreach_norm.Scalar, static_scalars=True)
+def foreach_norm(L: NodeLowering, xs: list[Value], ord: Any = 2, dtype: torch.dtype | None = None) -> list[Value]:  # noqa: A002
+    b = L.b
+    outs = []
+    p = float(ord)
+    for x, spec in zip(xs, L.out, strict=True):
+        out_dtype = spec.dtype
+        cdt = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+        a = b.unary("abs", L.to(x, cdt))
+        if p == float("inf"):
+            r = _reduce_all(L, a, "maximum")
+        elif p == float("-inf"):
+            r = _reduce_all(L, a, "minimum")
+        elif p == 0:
+            r = _reduce_all(L, L.to(b.compare(a, L.zeros(a.shape, cdt), "NE"), cdt), "add")
+        elif p == 1:
+            r = _reduce_all(L, a, "add")
+        elif p == 2:
+            r = b.unary("sqrt", _reduce_all(L, b.binary("multiply", a, a), "add"))
+        else:
+            s = _reduce_all(L, b.binary("power", a, L.full(p, a.shape, cdt)), "add")
+            r = b.binary("power", s, b.constant(1.0 / p, cdt))
+        outs.append(L.to(r, out_dtype))
+    return outs
+
+
+@register(aten._foreach_max.default)
+def foreach_max(L: NodeLowering, xs: list[Value]) -> list[Value]:
+    return [_reduce_all(L, x, "maximum") for x in xs]
+
+
+# -- fused optimizers ----------------------------------------------------------------------------
+_meta_libs: list[Any] = []
+
+
+def _register_missing_meta_kernels() -> None:
+    """PyTorch has no Meta kernel for the in-place ``_fused_sgd_`` (and the tensor_lr
+    Adam overloads), so the output metadata of their functional variants (composites
+    over the in-place op) cannot be computed. The in-place op changes no metadata:
+    register a no-op."""
+    names = ["_fused_sgd_", "_fused_sgd_.tensor_lr", "_fused_adam_.tensor_lr", "_fused_adamw_.tensor_lr"]
+    missing = [n for n in names if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{n}", "Meta")]
+    if not missing:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+
+    def noop(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    for n in missing:
+        lib.impl(n, noop, "Meta")
+    _meta_libs.append(lib)
+
+
+_register_missing_meta_kernels()
+
+
+def _opmath(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _s(L: NodeLowering, x: Any, dtype: torch.dtype) -> Value:
+    """A 0-d Value of ``dtype`` from a number, a ScalarValue or a 1-element tensor Value."""
+    if isinstance(x, Value):
+        if x.rank:
+            x = L.b.reshape(x, ())
+        return L.to(x, dtype)
+    return L.b.constant(x, dtype)
+
+
+def _bc(L: NodeLowering, v: Value, shape: Sequence[int]) -> Value:
+    return L.b.broadcast_in_dim(v, tuple(shape), [])
+
+
+def _is_zero(x: Any) -> bool:
+    return not isinstance(x, Value) and x == 0
+
+
+def _unscale(L: NodeLowering, g: Value, grad_scale: Value | None, cdt: torch.dtype) -> Value:
+    g = L.to(g, cdt)
+    if grad_scale is not None:
+        g = L.b.binary("divide", g, _bc(L, _s(L, grad_scale, cdt), g.shape))
+    return g
+
+
+def _skip(L: NodeLowering, found_inf: Value | None) -> Value | None:
+    """0-d bool: True when found_inf says to skip the step."""
+    if found_inf is None:
+        return None
+    f = _s(L, found_inf, torch.float32)
+    return L.b.compare(f, L.b.constant(1, torch.float32), "EQ")
+
+
+def _keep_if(L: NodeLowering, skip: Value | None, new: Value, old: Value) -> Value:
+    if skip is None:
+        return new
+    return L.b.select(_bc(L, skip, new.shape), old, new)
+
+
+def _fused_adam(
+    L: NodeLowering,
+    params: list[Value],
+    grads: list[Value],
+    exp_avgs: list[Value],
+    exp_avg_sqs: list[Value],
+    max_exp_avg_sqs: list[Value],
+    state_steps: list[Value],
+    *,
+    lr: Any,
+    beta1: Any,
+    beta2: Any,
+    weight_decay: Any,
+    eps: Any,
+    amsgrad: bool,
+    maximize: bool,
+    grad_scale: Value | None = None,
+    found_inf: Value | None = None,
+    adamw: bool,
+) -> tuple[list[Value], ...]:
+    b = L.b
+    f64 = torch.float64 if L.ctx.supports_f64 else torch.float32
+    skip = _skip(L, found_inf)
+    new_p, new_g, new_m, new_v, new_vmax = [], [], [], [], []
+    for i, (p, g, m, v, step) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, state_steps, strict=True)):
+        cdt = _opmath(p.dtype)
+        shape = p.shape
+
+        def c(x: Any, shape: Sequence[int] = shape, cdt: torch.dtype = cdt) -> Value:
+            return _bc(L, _s(L, x, cdt), shape)
+
+        # scalar math in double, like the kernels' host-side bias corrections
+        step_d = _s(L, step, f64)
+        one = b.constant(1, f64)
+        bc1 = b.binary("subtract", one, b.binary("power", _s(L, beta1, f64), step_d))
+        bc2 = b.binary("subtract", one, b.binary("power", _s(L, beta2, f64), step_d))
+        step_size = b.binary("divide", _s(L, lr, f64), bc1)
+        bc2_sqrt = b.unary("sqrt", bc2)
+
+        g_unscaled = _unscale(L, g, grad_scale, cdt)
+        grad = b.unary("negate", g_unscaled) if maximize else g_unscaled
+        param = L.to(p, cdt)
+        if not _is_zero(weight_decay):
+            if adamw:
+                decay = b.binary("multiply", _s(L, lr, f64), _s(L, weight_decay, f64))
+                param = b.binary("subtract", param, b.binary("multiply", param, c(decay)))
+            else:
+                grad = b.binary("add", grad, b.binary("multiply", param, c(weight_decay)))
+        m_c, v_c = L.to(m, cdt), L.to(v, cdt)
+        one_c = c(1)
+        # exp_avg.lerp_(grad, 1 - beta1); exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad^2
+        w1 = b.binary("subtract", one_c, c(beta1))
+        m_new = b.binary("add", m_c, b.binary("multiply", w1, b.binary("subtract", grad, m_c)))
+        w2 = b.binary("subtract", one_c, c(beta2))
+        v_new = b.binary("add", b.binary("multiply", v_c, c(beta2)), b.binary("multiply", w2, b.binary("multiply", grad, grad)))
+        if amsgrad:
+            vmax_new = b.binary("maximum", L.to(max_exp_avg_sqs[i], cdt), v_new)
+            denom_src = vmax_new
+        else:
+            denom_src = v_new
+        denom = b.binary("add", b.binary("divide", b.unary("sqrt", denom_src), c(bc2_sqrt)), c(eps))
+        p_new = b.binary("subtract", param, b.binary("multiply", c(step_size), b.binary("divide", m_new, denom)))
+
+        new_p.append(_keep_if(L, skip, L.to(p_new, p.dtype), p))
+        new_m.append(_keep_if(L, skip, L.to(m_new, m.dtype), m))
+        new_v.append(_keep_if(L, skip, L.to(v_new, v.dtype), v))
+        if amsgrad:
+            vm = max_exp_avg_sqs[i]
+            new_vmax.append(_keep_if(L, skip, L.to(vmax_new, vm.dtype), vm))
+        new_g.append(g if grad_scale is None else _keep_if(L, skip, L.to(g_unscaled, g.dtype), g))
+    if not amsgrad:
+        new_vmax = list(max_exp_avg_sqs)
+    return new_p, new_g, new_m, new_v, new_vmax
+
+
+@register(aten._fused_adam.default, aten._fused_adam.tensor_lr)
+def fused_adam(L: NodeLowering, *args: Any, **kwargs: Any) -> tuple[list[Value], ...]:
+    return _fused_adam(L, *args, **kwargs, adamw=False)
+
+
+@register(aten._fused_adamw.default, aten._fused_adamw.tensor_lr)
+def fused_adamw(L: NodeLowering, *args: Any, **kwargs: Any) -> tuple[list[Value], ...]:
+    return _fused_adam(L, *args, **kwargs, adamw=True)
+
+
+@register(aten._fused_sgd.default, aten._fused_sgd.tensor_lr)
+def fused_sgd(
+    L: NodeLowering,
+    params: list[Value],
+    grads: list[Value],
+    momentum_buffer_list: list[Value],
+    *,
+    weight_decay: Any,
+    momentum: Any,
+    lr: Any,
+    dampening: Any,
+    nesterov: bool,
+    maximize: bool,
+    is_first_step: bool,
+    grad_scale: Value | None = None,
+    found_inf: Value | None = None,
+) -> tuple[list[Value], ...]:
+    b = L.b
+    skip = _skip(L, found_inf)
+    use_momentum = not _is_zero(momentum) and len(momentum_buffer_list) == len(params)
+    new_p, new_g, new_buf = [], [], []
+    for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+        cdt = _opmath(p.dtype)
+        shape = p.shape
+
+        def c(x: Any, shape: Sequence[int] = shape, cdt: torch.dtype = cdt) -> Value:
+            return _bc(L, _s(L, x, cdt), shape)
+
+        g_unscaled = _unscale(L, g, grad_scale, cdt)
+        grad = b.unary("negate", g_unscaled) if maximize else g_unscaled
+        param = L.to(p, cdt)
+        if not _is_zero(weight_decay):
+            grad = b.binary("add", grad, b.binary("multiply", param, c(weight_decay)))
+        if use_momentum:
+            buf = momentum_buffer_list[i]
+            if is_first_step:
+                buf_new = grad
+            else:
+                damp = b.binary("subtract", c(1), c(dampening)) if not _is_zero(dampening) else None
+                scaled = grad if damp is None else b.binary("multiply", grad, damp)
+                buf_new = b.binary("add", b.binary("multiply", L.to(buf, cdt), c(momentum)), scaled)
+            grad = b.binary("add", grad, b.binary("multiply", buf_new, c(momentum))) if nesterov else buf_new
+            new_buf.append(_keep_if(L, skip, L.to(buf_new, buf.dtype), buf))
+        p_new = b.binary("subtract", param, b.binary("multiply", c(lr), grad))
+        new_p.append(_keep_if(L, skip, L.to(p_new, p.dtype), p))
+        new_g.append(g if grad_scale is None else _keep_if(L, skip, L.to(g_unscaled, g.dtype), g))
+    if not use_momentum:
+        new_buf = list(momentum_buffer_list)
+    return new_p, new_g, new_buf
