@@ -51,6 +51,24 @@ def _ser_restore(storage: Any, location: str) -> Any:
     return from_cpu(t).untyped_storage()
 
 
+def _patch_accelerator_synchronize() -> None:
+    """torch.accelerator.synchronize() asks the C++ device guard, whose Python binding
+    cannot implement synchronizeDevice; route the tpu case to torch.tpu.synchronize."""
+    original = torch.accelerator.synchronize
+    if getattr(original, "_torchtpu", False):
+        return
+
+    def synchronize(device: Any = None) -> None:
+        if torch.accelerator.current_accelerator().type == "tpu":
+            torch.tpu.synchronize(device)
+        else:
+            original(device)
+
+    synchronize._torchtpu = True  # type: ignore[attr-defined]
+    synchronize.__doc__ = original.__doc__
+    torch.accelerator.synchronize = synchronize
+
+
 def register_device() -> None:
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
@@ -58,3 +76,4 @@ def register_device() -> None:
 
     _setup_privateuseone_for_python_backend("tpu", backend_module=device.make_module(), hook=_Hooks(), device_guard=_Guard())
     torch.serialization.register_package(5, _ser_tag, _ser_restore)
+    _patch_accelerator_synchronize()

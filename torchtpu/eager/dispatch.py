@@ -41,12 +41,13 @@ _SPECIAL_SCALARS = (0, 1, -1)
 
 
 class Program:
-    __slots__ = ("exe", "outputs", "out_tree", "updates", "text", "n_inputs")
+    __slots__ = ("exe", "outputs", "n_outputs", "out_tree", "updates", "text", "n_inputs")
 
     def __init__(self, exe: Any, outputs: list, out_tree: Any, updates: list[int], text: str, n_inputs: int):
         self.exe = exe
         self.out_tree = out_tree  # pytree spec of the op's new (non-mutated) outputs
-        self.outputs = outputs  # per new output: (sizes, strides, dtype, numel)
+        self.outputs = outputs  # per new output: (sizes, strides, dtype, numel), None for an absent one
+        self.n_outputs = sum(1 for o in outputs if o is not None)
         self.updates = updates  # slots whose storage the program rewrites
         self.text = text
         self.n_inputs = n_inputs
@@ -215,13 +216,17 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     outs = pjrt.get().execute(prog.exe, inputs)
     metrics.add("executions")
     _track(outs)
-    n_new = len(prog.outputs)
+    n_new = prog.n_outputs
     for slot, buf in zip(prog.updates, outs[n_new:]):
         call.cells[slot].set(buf)
-    new = [
-        new_tensor(Cell(numel, dtype, buf), sizes, strides, 0, dtype)
-        for (sizes, strides, dtype, numel), buf in zip(prog.outputs, outs)
-    ]
+    if n_new == len(prog.outputs):
+        new = [
+            new_tensor(Cell(numel, dtype, buf), sizes, strides, 0, dtype)
+            for (sizes, strides, dtype, numel), buf in zip(prog.outputs, outs)
+        ]
+    else:
+        bufs = iter(outs)
+        new = [None if spec is None else new_tensor(Cell(spec[3], spec[2], next(bufs)), spec[0], spec[1], 0, spec[2]) for spec in prog.outputs]
     if prog.out_tree is None:
         return plan.returns(values, new)
     return plan.returns(values, tree_unflatten(new, prog.out_tree))
@@ -307,6 +312,9 @@ def _build(plan: OpPlan, values: list[Any], call: _Call) -> Program:
     flat_new, out_tree = tree_flatten(results[: plan.n_plain])
     flat_new_meta, _ = tree_flatten(list(out_meta[: plan.n_plain]))
     for v, m in zip(flat_new, flat_new_meta):
+        if v is None or m is None:  # an optional output PyTorch also leaves out (e.g. no weight grad)
+            out_specs.append(None)
+            continue
         v = _fix(ctx, v, m)
         flat, strides = flatten_for_strides(b, v, m.stride())
         outputs.append(flat)
@@ -332,7 +340,7 @@ def _build(plan: OpPlan, values: list[Any], call: _Call) -> Program:
     if config.flag("TORCHTPU_LOG_COMPILES"):
         print(f"[torchtpu] compiled {plan.name} {[tuple(t.shape) for t in call.tensors]} in {1e3 * (time.perf_counter() - t0):.1f} ms")
     # a flat list of plain tensors needs no pytree rebuild on the hot path
-    simple = all(isinstance(r, Value) for r in results[: plan.n_plain])
+    simple = all(isinstance(r, Value) for r in results[: plan.n_plain]) and None not in out_specs
     return Program(exe, out_specs, None if simple else out_tree, updated, text, len(b.params))
 
 

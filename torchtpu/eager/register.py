@@ -100,6 +100,21 @@ def supported_ops() -> list[torch._ops.OpOverload]:
     return out
 
 
+def _native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):  # noqa: A002
+    """native_batch_norm updates the running stats without saying so in its schema; route
+    it to the _native_batch_norm_legit ops, whose schemas declare the mutation."""
+    aten = torch.ops.aten
+    if running_mean is None:
+        return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
+    if training:
+        return aten._native_batch_norm_legit.default(input, weight, bias, running_mean, running_var, True, momentum, eps)
+    return aten._native_batch_norm_legit_no_training.default(input, weight, bias, running_mean, running_var, momentum, eps)
+
+
+# Ops whose tpu kernel is another op (registered after the generic kernels).
+_REMAPS = {"native_batch_norm": _native_batch_norm}
+
+
 def ensure_op_kernels() -> None:
     global _ops_registered
     if _ops_registered:
@@ -113,5 +128,8 @@ def ensure_op_kernels() -> None:
             for op in supported_ops():
                 lib.impl(op, _make_kernel(op), "PrivateUse1")
                 REGISTERED_OPS.add(op)
+            for name, fn in _REMAPS.items():
+                lib.impl(name, fn, "PrivateUse1")
+                REGISTERED_OPS.add(getattr(torch.ops.aten, name).default)
         _libs.append(lib)
         _ops_registered = True
