@@ -73,10 +73,8 @@ for _op in (
 
 
 @register(
-    aten.alias.default,
     aten.alias_copy.default,
     aten.lift_fresh.default,
-    aten.lift_fresh_copy.default,
     aten.detach_copy.default,
     prims.view_of.default,
 )
@@ -354,7 +352,7 @@ def roll(L: NodeLowering, x: Value, shifts: Sequence[int], dims: Sequence[int] =
     if not dims:
         flat = L.b.reshape(x, (prod(x.shape),))
         return L.b.reshape(_roll1(L, flat, shifts[0], 0), x.shape)
-    for s, d in zip(shifts, dims):
+    for s, d in zip(shifts, dims, strict=True):
         x = _roll1(L, x, s, wrap_dim(d, x.rank))
     return x
 
@@ -379,8 +377,8 @@ def constant_pad_nd(L: NodeLowering, x: Value, pad: Sequence[int], value: Any = 
     # negative padding crops
     lo_crop = [max(0, -p) for p in low]
     hi_crop = [x.shape[d] - max(0, -high[d]) for d in range(x.rank)]
-    if any(lo_crop) or any(h != s for h, s in zip(hi_crop, x.shape)):
-        x = L.b.slice(x, lo_crop, [max(lo, h) for lo, h in zip(lo_crop, hi_crop)])
+    if any(lo_crop) or any(h != s for h, s in zip(hi_crop, x.shape, strict=True)):
+        x = L.b.slice(x, lo_crop, [max(lo, h) for lo, h in zip(lo_crop, hi_crop, strict=True)])
     low = [max(0, p) for p in low]
     high = [max(0, p) for p in high]
     if not any(low) and not any(high):
@@ -422,7 +420,7 @@ def repeat(L: NodeLowering, x: Value, repeats: Sequence[int]) -> Value:
     # broadcast to (r0, s0, r1, s1, ...) and merge pairs
     inter = []
     dims = []
-    for i, (r, s) in enumerate(zip(repeats, xs)):
+    for i, (r, s) in enumerate(zip(repeats, xs, strict=True)):
         inter += [r, s]
         dims.append(2 * i + 1)
     y = L.b.broadcast_in_dim(x, inter, dims)

@@ -1,0 +1,91 @@
+"""Eager kernels for ops whose output shape depends on tensor values (nonzero,
+masked_select, bool-mask indexing). They sync to the host for the data-dependent part
+(the positions of the True elements) and run everything else as ordinary device programs.
+
+Register ``kernels()`` for the PrivateUse1 key after the generic op kernels (or exclude
+these ops from the generic registration): they wrap ``index.Tensor`` and ``index_put``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+def _run(op: Any, args: tuple, kwargs: dict | None = None) -> Any:
+    from ..eager import dispatch
+
+    return dispatch.run(op, args, kwargs or {})
+
+
+def nonzero(x: torch.Tensor) -> torch.Tensor:
+    from .minimal import from_cpu, to_cpu
+
+    return from_cpu(torch.nonzero(to_cpu(x)))
+
+
+def _is_mask(i: Any) -> bool:
+    return isinstance(i, torch.Tensor) and i.dtype in _MASK_DTYPES
+
+
+def _expand_masks(x: torch.Tensor, indices: list[Any]) -> list[Any]:
+    """ATen's expandTensors: a k-dim mask becomes k long index tensors (host sync)."""
+    out: list[Any] = []
+    for i in indices:
+        if not _is_mask(i):
+            out.append(i)
+            continue
+        d = len(out)
+        if tuple(i.shape) != tuple(x.shape[d : d + i.dim()]):
+            raise IndexError(
+                f"The shape of the mask {list(i.shape)} at index {d} does not match the shape of the indexed tensor {list(x.shape)}"
+            )
+        nz = nonzero(i)  # (n, k)
+        out.extend(nz[:, j] for j in range(i.dim()))
+    return out
+
+
+def index(x: torch.Tensor, indices: list[Any]) -> torch.Tensor:
+    indices = list(indices)
+    if any(_is_mask(i) for i in indices):
+        indices = _expand_masks(x, indices)
+    return _run(aten.index.Tensor, (x, indices))
+
+
+def _static_mask(indices: list[Any]) -> bool:
+    """The one bool-mask index_put case the lowering handles without a sync."""
+    nonnull = [d for d, i in enumerate(indices) if i is not None]
+    return nonnull == [0] and _is_mask(indices[0])
+
+
+def _index_put_kernel(op: Any) -> Any:
+    def kernel(x: torch.Tensor, indices: list[Any], values: torch.Tensor, accumulate: bool = False, *rest: Any, **kwargs: Any) -> torch.Tensor:
+        indices = list(indices)
+        if any(_is_mask(i) for i in indices) and not _static_mask(indices):
+            indices = _expand_masks(x, indices)
+        return _run(op, (x, indices, values, accumulate, *rest), kwargs)
+
+    return kernel
+
+
+def masked_select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    xb, mb = torch.broadcast_tensors(x, mask)
+    if xb.dim() == 0:
+        xb, mb = xb.reshape(1), mb.reshape(1)
+    return index(xb, [mb])
+
+
+def kernels() -> dict[Any, Any]:
+    return {
+        aten.nonzero.default: nonzero,
+        aten.masked_select.default: masked_select,
+        aten.index.Tensor: index,
+        aten.index_put_.default: _index_put_kernel(aten.index_put_.default),
+        aten.index_put.default: _index_put_kernel(aten.index_put.default),
+        aten._index_put_impl_.default: _index_put_kernel(aten._index_put_impl_.default),
+    }
