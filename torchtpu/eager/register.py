@@ -69,7 +69,9 @@ def supported_ops() -> list[torch._ops.OpOverload]:
 
     registry._load_rules()
     core, full = _pytorch_tables()
-    runtime = set(kernels())
+    from ..tensor.host_ops import kernels as host_kernels
+
+    runtime = set(kernels()) | set(host_kernels())
     supported_packets = {
         op.name().split("::")[-1].split(".")[0] for op in [*registry.RULES, *core, *full, *OWN] if isinstance(op, torch._ops.OpOverload)
     }
@@ -131,5 +133,10 @@ def ensure_op_kernels() -> None:
             for name, fn in _REMAPS.items():
                 lib.impl(name, fn, "PrivateUse1")
                 REGISTERED_OPS.add(getattr(torch.ops.aten, name).default)
+            from ..tensor.host_ops import kernels as host_kernels
+
+            for op, fn in host_kernels().items():  # data-dependent shapes: sync with the host
+                lib.impl(op, fn, "PrivateUse1")
+                REGISTERED_OPS.add(op)
         _libs.append(lib)
         _ops_registered = True

@@ -118,6 +118,12 @@ def empty_strided(
     return new_tensor(Cell(storage_extent(size, stride, 0), dtype), size, stride, 0, dtype)
 
 
+def new_empty_strided(
+    x: torch.Tensor, size: list[int], stride: list[int], dtype: torch.dtype | None = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+) -> torch.Tensor:
+    return empty_strided(size, stride, dtype if dtype is not None else x.dtype, layout, device, pin_memory)
+
+
 # -- copies ---------------------------------------------------------------------------
 def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     from ..eager import dispatch
@@ -241,6 +247,7 @@ def kernels() -> dict[Any, Any]:
     table = {
         aten.empty.memory_format: empty_memory_format,
         aten.empty_strided.default: empty_strided,
+        aten.new_empty_strided.default: new_empty_strided,
         aten.copy_.default: copy_,
         aten._copy_from.default: copy_from,
         aten._copy_from_and_resize.default: copy_from_and_resize,

@@ -164,6 +164,16 @@ def take(L: NodeLowering, x: Value, index: Value) -> Value:
     return L.b.reshape(r, index.shape)
 
 
+@register(aten.put.default)
+def put(L: NodeLowering, x: Value, index: Value, source: Value, accumulate: bool = False) -> Value:
+    n = prod(x.shape)
+    flat = L.b.reshape(x, (n,))
+    idx = _wrap_negative(L, index, n)
+    src = L.b.reshape(L.to(source, x.dtype), (prod(source.shape),))
+    combine = _combiner(L, "add", x.dtype) if accumulate else None
+    return L.b.reshape(_scatter_rows(L, flat, 0, idx, src, combine), x.shape)
+
+
 # -- scatter family ---------------------------------------------------------------------------------------------
 @register(aten.scatter.src, aten.scatter.value)
 def scatter(L: NodeLowering, x: Value, dim: int, index: Value, src: Any) -> Value:
@@ -443,3 +453,24 @@ def embedding_dense_backward(L: NodeLowering, grad: Value, indices: Value, num_w
         keep = b.compare(idx, L.full(padding_idx, (n,), torch.int64), "NE")
         g = b.select(b.broadcast_in_dim(keep, g.shape, [0]), g, L.zeros(g.shape, g.dtype))
     return _scatter_rows(L, zeros, 0, idx, g, _combiner(L, "add", out.dtype))
+
+
+# -- nonzero with a static size ------------------------------------------------------------------------------------------------
+@register(aten.nonzero_static.default)
+def nonzero_static(L: NodeLowering, x: Value, *, size: int, fill_value: int = -1) -> Value:
+    """The first ``size`` nonzero coordinates (row-major), padded with ``fill_value``."""
+    b = L.b
+    out = L.out[0].shape  # (size, rank)
+    rank = x.rank
+    n = prod(x.shape)
+    result = L.full(fill_value, out, torch.int64)
+    if n == 0 or size == 0 or rank == 0:
+        return result
+    shape = x.shape if rank else (1,)
+    m = b.reshape(L.to(x, torch.bool), (n,))
+    pos = _exclusive_cumsum(L, m)
+    # rows past ``size`` and zero elements go out of bounds: XLA's scatter drops them
+    pos = b.select(m, pos, L.full(size, (n,), torch.int64))
+    cols = [b.reshape(b.iota(shape, d, torch.int64), (n, 1)) for d in range(len(shape))]
+    coords = b.concatenate(cols, 1)
+    return b.scatter(result, b.reshape(pos, (n, 1)), coords, [1], [0], [0], 1, None)
