@@ -17,12 +17,12 @@ demo: $(STAMP)
 # The default suite (well inside 15 minutes on 2 cores). pytest's exit code 5
 # ("no tests collected") is turned into a failure.
 test: $(STAMP)
-	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider; rc=$$?; \
+	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
 # Everything, including the long suites.
 test-all: $(STAMP)
-	$(PY) -m pytest tests -p no:cacheprovider; rc=$$?; \
+	$(PY) -m pytest tests -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
 bench: $(STAMP)

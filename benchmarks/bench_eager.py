@@ -97,7 +97,7 @@ def main() -> None:
     mt, mc = res["mlp_tpu"], res["mlp_cpu"]
     print(f"{'MLP eager step (median)':<28}{mt['step_s'] * 1e3:>11.2f} ms{mc['step_s'] * 1e3:>11.2f} ms{mt['step_s'] / mc['step_s']:>10.2f}")
     print(f"{'MLP first step':<28}{mt['first_step_s']:>12.3f} s{mc['first_step_s']:>12.3f} s")
-    print(f"{'MLP loss after %d steps' % (1 + WARM + MLP_N):<28}{mt['loss']:>14.4f}{mc['loss']:>14.4f}")
+    print(f"{f'MLP loss after {1 + WARM + MLP_N} steps':<28}{mt['loss']:>14.4f}{mc['loss']:>14.4f}")
     m = res["mlp_tpu_metrics"]
     print(f"tpu metrics over the MLP run: compiles={m['compiles']} cache_hits={m['cache_hits']} executions={m['executions']}")
     if os.environ.get("OUT"):

@@ -21,16 +21,15 @@ from .. import config, metrics
 from ..errors import TpuError
 from ..lowering import registry
 from ..lowering.context import ProgramContext, ScalarValue, lower_call
-from ..stablehlo.builder import Value
 from ..lowering.strided import flatten_for_strides, read_view, write_view
 from ..runtime import pjrt
+from ..stablehlo.builder import Value
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, new_tensor
 from . import rng
 from .plan import (
     KIND_SCALAR,
     KIND_SCALAR_LIST,
-    KIND_STATIC,
     KIND_TENSOR,
     KIND_TENSOR_LIST,
     OpPlan,

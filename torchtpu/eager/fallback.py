@@ -6,7 +6,7 @@ import warnings
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from .. import metrics
 
@@ -41,7 +41,6 @@ def run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
     out = op(*cargs, **ckwargs)
     # write mutated inputs back
     schema = op._schema
-    flat_c, _ = tree_flatten((cargs, ckwargs))
     for i, a in enumerate(schema.arguments):
         if a.alias_info is not None and a.alias_info.is_write:
             v = cargs[i] if i < len(cargs) else ckwargs.get(a.name)
@@ -59,5 +58,4 @@ def run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
             return from_cpu(x)
         return x
 
-    del flat_c
     return tree_map(up, out)

@@ -191,7 +191,7 @@ def lower_call(ctx: ProgramContext, op: Any, args: Sequence[Any], kwargs: dict[s
 
 
 def lower_decomposition(ctx: ProgramContext, op: Any, decomp: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    from .graph import trace_decomposition, lower_graph
+    from .graph import lower_graph, trace_decomposition
 
     flat, spec = tree_flatten((list(args), dict(kwargs)))
     value_pos = [i for i, a in enumerate(flat) if isinstance(a, Value)]

@@ -13,7 +13,7 @@ from .. import metrics
 from ..lowering.strided import contiguous_strides, storage_extent
 from ..runtime import pjrt
 from ..stablehlo.types import numpy_dtype
-from .storage import _CPU_KEYSET, _set_storage, Cell, attach, cell_of, new_tensor
+from .storage import _CPU_KEYSET, Cell, _set_storage, attach, cell_of, new_tensor
 
 aten = torch.ops.aten
 _META_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -64,8 +64,6 @@ def to_cpu(t: torch.Tensor) -> torch.Tensor:
     if cell.buf is None:
         flat = np.zeros(cell.numel, numpy_dtype(cell.dtype))
     else:
-        from ..eager.dispatch import _pending  # noqa: F401 - the buffer's producer is tracked there
-
         flat = pjrt.get().to_numpy(cell.buf).reshape(-1)
     if t.dtype != cell.dtype:
         flat = flat.view(numpy_dtype(t.dtype))
