@@ -27,7 +27,7 @@ BATCH = 64
 
 def make_data(n: int = 2048, d: int = 32, classes: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    centers = torch.randn(classes, d, generator=g) * 2
+    centers = torch.randn(classes, d, generator=g) * 0.3
     y = torch.randint(0, classes, (n,), generator=g)
     x = centers[y] + torch.randn(n, d, generator=g)
     return x, y
@@ -60,7 +60,7 @@ def main() -> None:
     print(f"torchtpu {torchtpu.__version__} on {torch.tpu.get_device_name()}")
     tpu_loss, tpu_s = train("tpu")
     cpu_loss, cpu_s = train("cpu")
-    print(f"final loss after {STEPS} steps:  tpu {tpu_loss:.4f} ({tpu_s:.2f} s)   cpu {cpu_loss:.4f} ({cpu_s:.2f} s)")
+    print(f"final loss after {STEPS} steps:  tpu {tpu_loss:.6f} ({tpu_s:.2f} s)   cpu {cpu_loss:.6f} ({cpu_s:.2f} s)")
     print(f"difference: {abs(tpu_loss - cpu_loss):.2e}")
     m = torchtpu.metrics.snapshot()
     print(f"programs compiled: {m['compiles']}, cache hits: {m['cache_hits']}, executions: {m['executions']}")
