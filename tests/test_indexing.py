@@ -8,24 +8,6 @@ import torch
 from utils import TPU, assert_close, check
 
 aten = torch.ops.aten
-_LIBS = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _host_ops():
-    """Until the runtime registers tensor/host_ops.py itself, register it here."""
-    from torchtpu.eager.register import ensure_op_kernels
-
-    ensure_op_kernels()
-    if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::nonzero", "PrivateUse1"):
-        from torchtpu.tensor import host_ops
-
-        lib = torch.library.Library("aten", "IMPL")
-        for op, fn in host_ops.kernels().items():
-            lib.impl(op, fn, "PrivateUse1")
-        _LIBS.append(lib)
-
-
 def _r(*shape):
     return torch.randn(*shape).requires_grad_()
 
