@@ -1,5 +1,9 @@
 import os
 import sys
+import tempfile
+
+# Hermetic compile counts: every test run starts with its own, empty disk cache.
+os.environ["TORCHTPU_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchtpu-test-cache-")
 
 import pytest
 import torch

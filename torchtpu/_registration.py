@@ -77,3 +77,6 @@ def register_device() -> None:
     _setup_privateuseone_for_python_backend("tpu", backend_module=device.make_module(), hook=_Hooks(), device_guard=_Guard())
     torch.serialization.register_package(5, _ser_tag, _ser_restore)
     _patch_accelerator_synchronize()
+    from .device.matmul_precision import install_torch_hook
+
+    install_torch_hook()

@@ -25,6 +25,16 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar("TORCHTPU_CUDA_PLUGIN_PATH", "", "Path to the CUDA PjRT plugin .so (default: the jax-cuda*-pjrt package)."),
         EnvVar("TORCHTPU_VERIFY_XLA_FLAGS", "1", "1: check XLA_FLAGS in a child process before the client reads them."),
         EnvVar("TORCHTPU_LOG_COMPILES", "0", "1: print one line per compiled program (op, shapes, milliseconds)."),
+        EnvVar("TORCHTPU_DIST_CHECK", "1", "1: before each collective, check that all ranks called the same one with matching tensors."),
+        EnvVar(
+            "TORCHTPU_CACHE_DIR",
+            "~/.cache/torchtpu",
+            "Persistent compilation cache directory ($XDG_CACHE_HOME/torchtpu by default); empty disables it.",
+        ),
+        EnvVar("TORCHTPU_LOG_RECOMPILES", "0", "1: print why torch.compile needed a new program."),
+        EnvVar("TORCHTPU_DUMP_DIR", "", "Directory to write each compiled program's StableHLO (and its FX graph) to."),
+        EnvVar("TORCHTPU_DEFER_AND_FUSE", "0", "1: start in DeferAndFuse eager mode (record ops, run fused programs)."),
+        EnvVar("TORCHTPU_LAUNCH_BLOCKING", "0", "1: run every op synchronously; errors name the op and source line."),
     ]
 }
 

@@ -14,6 +14,7 @@ import torch
 
 from ..runtime import memory as _memory
 from ..runtime import pjrt as _pjrt
+from .matmul_precision import Precision, get_precision, precision  # noqa: F401 - torch.tpu.precision
 
 _DeviceProperties = namedtuple("_DeviceProperties", ["name", "platform", "type", "total_memory", "supports_float64"])
 

@@ -10,7 +10,6 @@ through the registry, then write in-place results back into their storages.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -18,11 +17,12 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import config, metrics
+from ..device.matmul_precision import current as current_precision
 from ..errors import TpuError
 from ..lowering import registry
 from ..lowering.context import ProgramContext, ScalarValue, lower_call
-from ..lowering.strided import flatten_for_strides, read_view, write_view
-from ..runtime import pjrt
+from ..lowering.strided import apply_math_bits, flatten_for_strides, read_view, write_view
+from ..runtime import cache, pjrt
 from ..stablehlo.builder import Value
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, new_tensor
@@ -142,7 +142,7 @@ class _Call:
             slot = self.slot_of[id(cell)] = len(self.cells)
             self.cells.append(cell)
         self.tensors.append(t)
-        return (slot, t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
+        return (slot, t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.is_conj(), t.is_neg())
 
     def scalar(self, v: Any, lift: bool) -> Any:
         tp = type(v)
@@ -180,6 +180,7 @@ def _collect(plan: OpPlan, values: list[Any]) -> _Call:
                 raise TpuError(f"torchtpu: unexpected tensor argument to {plan.name}")
             key.append(_freeze(v))
     key.extend((c.numel, c.dtype, c.buf is not None) for c in call.cells)
+    key.append(current_precision())  # dot/conv precision_config is baked into the program
     return call
 
 
@@ -264,7 +265,6 @@ def _resize_outs(plan: OpPlan, values: list[Any]) -> None:
 # building a program (cache miss)
 # --------------------------------------------------------------------------
 def _build(plan: OpPlan, values: list[Any], call: _Call) -> Program:
-    t0 = time.perf_counter()
     ctx = ProgramContext()
     ctx.supports_f64 = pjrt.get().supports_f64
     b = ctx.b
@@ -329,15 +329,14 @@ def _build(plan: OpPlan, values: list[Any], call: _Call) -> Program:
             continue
         slot, sizes, strides, offset = geometry[id(t)]
         v = _fix(ctx, v, m, dtype=t.dtype, shape=tuple(t.shape))
+        if t.is_conj() or t.is_neg():  # lazy conj/neg views store conj/neg of their values
+            v = apply_math_bits(b, v, t.is_conj(), t.is_neg())
         current[slot] = write_view(b, current[slot], sizes, strides, offset, v)
         if slot not in updated:
             updated.append(slot)
     outputs.extend(current[s] for s in updated)
     text = b.module(outputs)
-    exe = pjrt.get().compile(text, plan.name)
-    metrics.add("compiles")
-    if config.flag("TORCHTPU_LOG_COMPILES"):
-        print(f"[torchtpu] compiled {plan.name} {[tuple(t.shape) for t in call.tensors]} in {1e3 * (time.perf_counter() - t0):.1f} ms")
+    exe = cache.compile(text, f"{plan.name} {[tuple(t.shape) for t in call.tensors]}")
     # a flat list of plain tensors needs no pytree rebuild on the hot path
     simple = all(isinstance(r, Value) for r in results[: plan.n_plain]) and None not in out_specs
     return Program(exe, out_specs, None if simple else out_tree, updated, text, len(b.params))
@@ -357,7 +356,10 @@ def _view(b: Any, bases: list, call: _Call, t: torch.Tensor, geometry: dict) -> 
     slot = call.slot_of[id(cell_of(t))]
     sizes, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
     geometry[id(t)] = (slot, sizes, strides, offset)
-    return read_view(b, bases[slot], sizes, strides, offset, t.dtype)
+    x = read_view(b, bases[slot], sizes, strides, offset, t.dtype)
+    if t.is_conj() or t.is_neg():
+        x = apply_math_bits(b, x, t.is_conj(), t.is_neg())
+    return x
 
 
 def _fix(ctx: ProgramContext, v: Any, meta: torch.Tensor, dtype: torch.dtype | None = None, shape: tuple | None = None) -> Any:
@@ -389,8 +391,7 @@ def run_utility(key: tuple, build: Any, inputs: list[Any]) -> list[Any]:
 
         b = Builder()
         outs = build(b)
-        exe = _UTILITY[key] = pjrt.get().compile(b.module(outs), str(key[0]))
-        metrics.add("compiles")
+        exe = _UTILITY[key] = cache.compile(b.module(outs), str(key[0]))
     outs = pjrt.get().execute(exe, inputs)
     metrics.add("executions")
     _track(outs)

@@ -46,9 +46,11 @@ class TensorSpec:
 class ProgramContext:
     """State shared by every node of one program."""
 
-    def __init__(self, builder: Builder | None = None, precision: str = "DEFAULT"):
+    def __init__(self, builder: Builder | None = None, precision: str | None = None):
+        from ..device.matmul_precision import current
+
         self.b = builder or Builder()
-        self.precision = precision
+        self.precision = precision or current()  # "DEFAULT" | "HIGH" | "HIGHEST" (dot and conv)
         self.rng_state: Value | None = None  # u64[2] threaded through random ops
         self.supports_f64 = True
 

@@ -85,6 +85,8 @@ class Runtime:
         self._sharding = _make_sharding_class(_jax, xla_client)(self.device)
         self._copy = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
         self.supports_f64 = self.platform != "tpu"
+        # LAPACK custom calls (linalg) exist only in XLA's CPU client
+        self.has_lapack = self.platform == "cpu" and _register_lapack(xla_client)
         self._avals: dict[tuple, Any] = {}
 
     def _make_client(self, choice: platforms.PlatformChoice) -> Any:
@@ -167,6 +169,10 @@ class Runtime:
     def deserialize(self, blob: bytes) -> Executable:
         return self.client.deserialize_executable(blob, self._device_list, None)
 
+    def compile_options_fingerprint(self) -> str:
+        """What besides the program text decides the executable (part of disk-cache keys)."""
+        return f"{self.device_name()}|replicas=1|XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}"
+
     @property
     def jaxlib_version(self) -> str:
         import jaxlib
@@ -197,6 +203,31 @@ def _make_sharding_class(_jax: Any, xc: Any) -> type:
             return self._memory_kind
 
     return _DeviceSharding
+
+
+_lapack_registered = False
+
+
+def _register_lapack(xc: Any) -> bool:
+    """Register jaxlib's LAPACK FFI handlers (``lapack_sgetrf_ffi``, ...) with XLA's CPU
+    client, as jax does on import; without this the linalg custom calls fail with NOT_FOUND.
+    Returns whether they are available."""
+    global _lapack_registered
+    if _lapack_registered:
+        return True
+    try:
+        from jaxlib import lapack
+    except ImportError:
+        return False
+    try:
+        # binds the handlers to scipy's LAPACK (scipy is a jaxlib dependency)
+        lapack._lapack.initialize()
+    except Exception:  # noqa: BLE001 - then linalg ops raise NotImplementedError
+        return False
+    for name, fn, api_version in lapack.registrations()["cpu"]:
+        xc.register_custom_call_target(name, fn, platform="cpu", api_version=api_version)
+    _lapack_registered = True
+    return True
 
 
 _runtime: Runtime | None = None

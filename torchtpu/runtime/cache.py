@@ -1,0 +1,199 @@
+"""The executable cache every path compiles through: in memory, then on disk.
+
+``compile(text, what)`` returns a loaded executable for a StableHLO module. Entries are
+keyed by a hash of the program text, the jaxlib version, the platform and the compile
+options, so a program compiled by one process (or an earlier run of the same script) is
+loaded instead of compiled.
+
+The disk layer (``TORCHTPU_CACHE_DIR``; empty disables it) stores *data*: a header, a
+SHA-256 of the payload and the serialized executable. A truncated or corrupted entry
+fails its checksum, is ignored and rewritten. Writes go to a temporary file renamed into
+place, so readers never see half an entry. Processes that miss on the same entry at the
+same time (two ranks of one job) take a lock file: one compiles and writes, the others
+wait for its entry and load it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import config, metrics
+from . import pjrt
+
+_MAGIC = b"TTPUXEX1"
+_HEADER = struct.Struct("<8s32sQ")  # magic, sha256(payload), payload length
+_LOCK_WAIT_S = 120.0  # how long to wait for another process compiling the same program
+
+_memory: dict[str, Any] = {}
+
+
+def cache_dir() -> Path | None:
+    """The on-disk cache directory for this platform and jaxlib, or None when disabled."""
+    raw = os.environ.get("TORCHTPU_CACHE_DIR")
+    if raw is None:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torchtpu"
+    elif raw.strip() == "":
+        return None
+    else:
+        base = Path(raw)
+    rt = pjrt.get()
+    return base / f"{rt.platform}-jaxlib{rt.jaxlib_version}"
+
+
+def program_key(text: str) -> str:
+    rt = pjrt.get()
+    h = hashlib.sha256()
+    for part in (rt.platform, rt.jaxlib_version, rt.compile_options_fingerprint(), text):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def compile(text: str, what: str) -> Any:  # noqa: A001 - the natural name
+    """A loaded executable for ``text`` (memory cache, then disk, then XLA)."""
+    key = program_key(text)
+    exe = _memory.get(key)
+    if exe is not None:
+        return exe
+    directory = cache_dir()
+    exe = _load_or_compile(directory, key, text, what) if directory is not None else _compile_now(text, what)
+    _memory[key] = exe
+    return exe
+
+
+def clear_memory() -> None:
+    """Forget the in-memory layer (the disk layer stays): the next use reloads or recompiles."""
+    _memory.clear()
+
+
+def _compile_now(text: str, what: str) -> Any:
+    t0 = time.perf_counter()
+    exe = pjrt.get().compile(text, what)
+    metrics.add("compiles")
+    metrics.add("compile_seconds", time.perf_counter() - t0)
+    if config.flag("TORCHTPU_LOG_COMPILES"):
+        print(f"[torchtpu] compiled {what} in {1e3 * (time.perf_counter() - t0):.1f} ms")
+    return exe
+
+
+def _load_or_compile(directory: Path, key: str, text: str, what: str) -> Any:
+    path = directory / f"{key}.xex"
+    exe = _read(path)
+    if exe is not None:
+        return exe
+    lock = _try_lock(directory, key)
+    if lock is None:  # another process is compiling it: wait for its entry
+        exe = _wait_for(path, directory / f"{key}.lock")
+        if exe is not None:
+            return exe
+    try:
+        exe = _compile_now(text, what)
+        _write(path, exe)
+    finally:
+        if lock is not None:
+            _unlock(lock)
+    return exe
+
+
+def _read(path: Path) -> Any:
+    try:
+        blob = path.read_bytes()
+    except OSError:
+        return None
+    t0 = time.perf_counter()
+    payload = _verified_payload(blob)
+    if payload is None:
+        metrics.add("disk_cache_corrupt")
+        return None
+    try:
+        exe = pjrt.get().deserialize(payload)
+    except Exception:  # noqa: BLE001 - a stale or foreign entry: recompile and overwrite it
+        metrics.add("disk_cache_corrupt")
+        return None
+    metrics.add("disk_cache_hits")
+    metrics.add("disk_load_seconds", time.perf_counter() - t0)
+    return exe
+
+
+def _verified_payload(blob: bytes) -> bytes | None:
+    if len(blob) < _HEADER.size:
+        return None
+    magic, digest, length = _HEADER.unpack_from(blob)
+    payload = blob[_HEADER.size :]
+    if magic != _MAGIC or length != len(payload) or hashlib.sha256(payload).digest() != digest:
+        return None
+    return payload
+
+
+def _write(path: Path, exe: Any) -> None:
+    try:
+        payload = pjrt.get().serialize(exe)
+    except Exception:  # noqa: BLE001 - some platforms cannot serialize; stay memory-only
+        return
+    blob = _HEADER.pack(_MAGIC, hashlib.sha256(payload).digest(), len(payload)) + payload
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)  # atomic: readers see the old entry or the whole new one
+        metrics.add("disk_cache_writes")
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a read-only or full disk only costs the cache
+
+
+def _try_lock(directory: Path, key: str) -> Path | None:
+    lock = directory / f"{key}.lock"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        if _stale(lock):
+            lock.unlink(missing_ok=True)
+            return _try_lock(directory, key)
+        return None
+    except OSError:
+        return Path(os.devnull)  # cannot lock (read-only dir): compile without coordination
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return lock
+
+
+def _stale(lock: Path) -> bool:
+    """A lock whose owner died (or that is older than the wait limit) is stale."""
+    try:
+        pid = int(lock.read_text() or "0")
+        age = time.time() - lock.stat().st_mtime
+    except (OSError, ValueError):
+        return True
+    if age > _LOCK_WAIT_S:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _unlock(lock: Path) -> None:
+    if str(lock) != os.devnull:
+        lock.unlink(missing_ok=True)
+
+
+def _wait_for(path: Path, lock: Path) -> Any:
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    while time.monotonic() < deadline:
+        if path.exists():
+            exe = _read(path)
+            if exe is not None:
+                return exe
+        if not lock.exists() or _stale(lock):
+            return _read(path)
+        time.sleep(0.01)
+    return None
