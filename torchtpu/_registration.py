@@ -69,6 +69,26 @@ def _patch_accelerator_synchronize() -> None:
     torch.accelerator.synchronize = synchronize
 
 
+def _patch_storage_clone() -> None:
+    """``UntypedStorage.clone`` (used by ``copy.deepcopy`` of tensors and modules) builds
+    ``UntypedStorage(n, device="tpu")``, which needs a C++ allocator the tpu device does
+    not have (it would crash the process); clone tpu storages through their cell instead."""
+    original = torch.UntypedStorage.clone
+    if getattr(original, "_torchtpu", False):
+        return
+
+    def clone(self: Any) -> Any:
+        if self.device.type != "tpu":
+            return original(self)
+        from .tensor.minimal import clone_storage
+
+        return clone_storage(self)
+
+    clone._torchtpu = True  # type: ignore[attr-defined]
+    clone.__doc__ = original.__doc__
+    torch.UntypedStorage.clone = clone
+
+
 def register_device() -> None:
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
@@ -77,6 +97,7 @@ def register_device() -> None:
     _setup_privateuseone_for_python_backend("tpu", backend_module=device.make_module(), hook=_Hooks(), device_guard=_Guard())
     torch.serialization.register_package(5, _ser_tag, _ser_restore)
     _patch_accelerator_synchronize()
+    _patch_storage_clone()
     from .device.matmul_precision import install_torch_hook
 
     install_torch_hook()

@@ -68,6 +68,14 @@ def current_device() -> int:
 
 
 def set_device(device: Any) -> None:
+    """Select the device. Each process drives one device, tpu:0; under torchrun the
+    common ``torch.tpu.set_device(LOCAL_RANK)`` (what DeviceMesh does) selects it too."""
+    import os
+
+    local_rank = os.environ.get("LOCAL_RANK")
+    idx = device if isinstance(device, int) or device is None else torch.device(device).index
+    if local_rank is not None and idx is not None and idx == int(local_rank):
+        return
     _index(device)
 
 

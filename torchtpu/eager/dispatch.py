@@ -3,13 +3,17 @@
 The dispatcher calls ``run`` for every op on tpu tensors. The hot path builds a cache
 key from what the program depends on (never the values of Python numbers other than
 0/1/-1, which are passed as device operands), finds the compiled program, enqueues it
-asynchronously and wraps the outputs. On a miss, ``_build`` writes the program:
-materialise the input views from their storages, lower the op's functional form
-through the registry, then write in-place results back into their storages.
+asynchronously and wraps the outputs. On a miss, ``_build`` writes the program through
+``oplower.lower_op`` (shared with DeferAndFuse): materialise the input views from their
+storages, lower the op's functional form, write in-place results back.
+
+Under DeferAndFuse (``modes.DEFER``) ``run`` records the call instead (``deferred.py``);
+under ``launch_blocking`` it waits for every program and raises at the failing call.
 """
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -18,15 +22,14 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import config, metrics
 from ..device.matmul_precision import current as current_precision
-from ..errors import TpuError
+from ..errors import TpuError, TpuRuntimeError
 from ..lowering import registry
-from ..lowering.context import ProgramContext, ScalarValue, lower_call
-from ..lowering.strided import apply_math_bits, flatten_for_strides, read_view, write_view
+from ..lowering.context import ProgramContext
 from ..runtime import cache, pjrt
-from ..stablehlo.builder import Value
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, new_tensor
-from . import rng
+from . import checks, modes, rng
+from .oplower import lifted, lower_op, scalar_params
 from .plan import (
     KIND_SCALAR,
     KIND_SCALAR_LIST,
@@ -36,13 +39,11 @@ from .plan import (
     plan_for,
 )
 
-_SPECIAL_SCALARS = (0, 1, -1)
-
 
 class Program:
-    __slots__ = ("exe", "outputs", "n_outputs", "out_tree", "updates", "text", "n_inputs")
+    __slots__ = ("exe", "outputs", "n_outputs", "out_tree", "updates", "text", "n_inputs", "check_messages")
 
-    def __init__(self, exe: Any, outputs: list, out_tree: Any, updates: list[int], text: str, n_inputs: int):
+    def __init__(self, exe: Any, outputs: list, out_tree: Any, updates: list[int], text: str, n_inputs: int, check_messages: list[str]):
         self.exe = exe
         self.out_tree = out_tree  # pytree spec of the op's new (non-mutated) outputs
         self.outputs = outputs  # per new output: (sizes, strides, dtype, numel), None for an absent one
@@ -50,6 +51,7 @@ class Program:
         self.updates = updates  # slots whose storage the program rewrites
         self.text = text
         self.n_inputs = n_inputs
+        self.check_messages = check_messages  # one trailing bool output each (eager/checks.py)
 
 
 _CACHE: dict[tuple, Program] = {}
@@ -86,21 +88,6 @@ def _device_scalar(value: Any, pytype: type) -> Any:
     return buf
 
 
-def _scalar_dtype(pytype: type) -> torch.dtype:
-    f64 = pjrt.get().supports_f64
-    if pytype is float:
-        return torch.float64 if f64 else torch.float32
-    if pytype is complex:
-        return torch.complex128 if f64 else torch.complex64
-    return torch.int64
-
-
-def _lifted(v: Any, lift: bool) -> bool:
-    """Is this Python number passed as a device operand (not baked into the program)?"""
-    tp = type(v)
-    return lift and (tp is float or tp is int or tp is complex) and v not in _SPECIAL_SCALARS
-
-
 def _freeze(v: Any) -> Any:
     if isinstance(v, list):
         return tuple(_freeze(x) for x in v)
@@ -134,8 +121,6 @@ class _Call:
         self.scalar_types: list[type] = []
 
     def tensor(self, t: torch.Tensor) -> tuple:
-        if t.device.type != "tpu":
-            t = _to_device_scalar_tensor(t)
         cell = cell_of(t)
         slot = self.slot_of.get(id(cell))
         if slot is None:
@@ -146,7 +131,7 @@ class _Call:
 
     def scalar(self, v: Any, lift: bool) -> Any:
         tp = type(v)
-        if _lifted(v, lift):
+        if lifted(v, lift):
             self.scalars.append(_device_scalar(v, tp))
             self.scalar_types.append(tp)
             return ("s", tp)
@@ -158,15 +143,19 @@ def _collect(plan: OpPlan, values: list[Any]) -> _Call:
     key = call.key
     key.append(plan.op)
     lift = plan.lift_scalars
-    for kind, v in zip(plan.kinds, values):
+    for i, (kind, v) in enumerate(zip(plan.kinds, values)):
         if kind == KIND_TENSOR:
             if v is None:
                 key.append(None)
             elif isinstance(v, torch.Tensor):
+                if v.device.type != "tpu":  # a CPU 0-d tensor is moved (as CUDA does); others raise
+                    v = values[i] = _to_device_scalar_tensor(v)
                 key.append(call.tensor(v))
             else:  # a Python number where the schema says Tensor (e.g. x.mul_(0.9))
                 key.append(call.scalar(v, lift))
         elif kind == KIND_TENSOR_LIST:
+            if any(t is not None and t.device.type != "tpu" for t in v):
+                v = values[i] = [t if t is None or t.device.type == "tpu" else _to_device_scalar_tensor(t) for t in v]
             key.append(tuple(None if t is None else call.tensor(t) for t in v))
         elif kind == KIND_SCALAR:
             key.append(call.scalar(v, lift))
@@ -179,7 +168,7 @@ def _collect(plan: OpPlan, values: list[Any]) -> _Call:
             if isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v)):
                 raise TpuError(f"torchtpu: unexpected tensor argument to {plan.name}")
             key.append(_freeze(v))
-    key.extend((c.numel, c.dtype, c.buf is not None) for c in call.cells)
+    key.extend((c.numel, c.dtype, c.initialized) for c in call.cells)
     key.append(current_precision())  # dot/conv precision_config is baked into the program
     return call
 
@@ -196,40 +185,72 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     key = tuple(call.key)
     if plan.random:
         key = key + (rng.STATE_KEY,)
+    mode = modes.current()
+    if mode == modes.DEFER:
+        from . import deferred
+
+        try:
+            return deferred.record(plan, values, call, key)
+        except NotImplementedError:
+            return _cpu_fallback_or_raise(op, args, kwargs)
     prog = _CACHE.get(key)
     if prog is None:
         try:
             prog = _build(plan, values, call)
         except NotImplementedError:
-            if config.flag("TORCHTPU_CPU_FALLBACK"):
-                from .fallback import run_on_cpu
-
-                return run_on_cpu(op, args, kwargs)
-            raise
+            return _cpu_fallback_or_raise(op, args, kwargs)
         _CACHE[key] = prog
     else:
         metrics.add("cache_hits")
-    inputs = [c.buf for c in call.cells if c.buf is not None]
+    inputs = [c.buf for c in call.cells if c.initialized]
     inputs.extend(call.scalars)
     if plan.random:
         inputs.append(rng.next_state_buffer())
+    t0 = perf_counter()
     outs = pjrt.get().execute(prog.exe, inputs)
+    metrics.add("execute_seconds", perf_counter() - t0)
     metrics.add("executions")
-    _track(outs)
+    if prog.check_messages:
+        n = len(prog.check_messages)
+        checks.add(outs[-n:], plan.name, prog.check_messages, checks.user_source_line())
+        outs = outs[:-n]
+    if mode == modes.BLOCKING:
+        _wait_for_call(plan, outs)
+    else:
+        _track(outs)
     n_new = prog.n_outputs
     for slot, buf in zip(prog.updates, outs[n_new:]):
         call.cells[slot].set(buf)
-    if n_new == len(prog.outputs):
-        new = [
-            new_tensor(Cell(numel, dtype, buf), sizes, strides, 0, dtype)
-            for (sizes, strides, dtype, numel), buf in zip(prog.outputs, outs)
-        ]
+    return wrap_outputs(plan, values, prog.outputs, prog.out_tree, outs)
+
+
+def _cpu_fallback_or_raise(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    if not config.flag("TORCHTPU_CPU_FALLBACK"):
+        raise  # noqa: PLE0704 - re-raise the NotImplementedError being handled
+    from .fallback import run_on_cpu
+
+    return run_on_cpu(op, args, kwargs)
+
+
+def wrap_outputs(plan: OpPlan, values: list[Any], specs: list, out_tree: Any, bufs: Any) -> Any:
+    """The op's return value: new tensors over ``bufs`` (one per non-None spec)."""
+    if out_tree is None and None not in specs:
+        new = [new_tensor(Cell(numel, dtype, buf), sizes, strides, 0, dtype) for (sizes, strides, dtype, numel), buf in zip(specs, bufs)]
     else:
-        bufs = iter(outs)
-        new = [None if spec is None else new_tensor(Cell(spec[3], spec[2], next(bufs)), spec[0], spec[1], 0, spec[2]) for spec in prog.outputs]
-    if prog.out_tree is None:
+        it = iter(bufs)
+        new = [None if spec is None else new_tensor(Cell(spec[3], spec[2], next(it)), spec[0], spec[1], 0, spec[2]) for spec in specs]
+    if out_tree is None:
         return plan.returns(values, new)
-    return plan.returns(values, tree_unflatten(new, prog.out_tree))
+    return plan.returns(values, tree_unflatten(new, out_tree))
+
+
+def _wait_for_call(plan: OpPlan, outs: list[Any]) -> None:
+    """launch_blocking: finish this op now and blame it (and the user's line) on failure."""
+    try:
+        pjrt.get().block(outs)
+    except TpuRuntimeError as e:
+        raise TpuRuntimeError(f"torchtpu: {plan.name} failed (called at {checks.user_source_line()}): {e}") from e
+    checks.raise_pending(blocking=True)
 
 
 def _track(outs: list[Any]) -> None:
@@ -241,11 +262,17 @@ def _track(outs: list[Any]) -> None:
 
 
 def synchronize() -> None:
+    """Run pending deferred work, wait for every enqueued program, surface async errors."""
     if not pjrt.started():
         return
+    from . import deferred
+
+    deferred.flush("synchronize")
     bufs = [b for b in _pending if not b.is_deleted()]
     _pending.clear()
+    bufs.extend(deferred.recent_outputs())
     pjrt.get().block(bufs)
+    checks.raise_pending()
 
 
 def _resize_outs(plan: OpPlan, values: list[Any]) -> None:
@@ -264,116 +291,34 @@ def _resize_outs(plan: OpPlan, values: list[Any]) -> None:
 # --------------------------------------------------------------------------
 # building a program (cache miss)
 # --------------------------------------------------------------------------
-def _build(plan: OpPlan, values: list[Any], call: _Call) -> Program:
+def lower_single(plan: OpPlan, values: list[Any], call: _Call) -> tuple[ProgramContext, Any]:
+    """Lower one call into a fresh program whose parameters are its storages and numbers."""
     ctx = ProgramContext()
     ctx.supports_f64 = pjrt.get().supports_f64
     b = ctx.b
     bases = []
     for cell in call.cells:
-        if cell.buf is None:
-            bases.append(b.broadcast_in_dim(b.constant(0, cell.dtype), (cell.numel,), []))
-        else:
+        if cell.initialized:
             bases.append(b.param((cell.numel,), cell.dtype))
-    scalar_params = []
-    for tp in call.scalar_types:
-        if tp is list:
-            scalar_params.append(b.param((0,), _scalar_dtype(float)))  # length set by _scalar_list
-        else:
-            p = b.param((), _scalar_dtype(tp))
-            scalar_params.append(ScalarValue(p.name, p.dtype, tp))
+        else:  # never written: reads as zeros
+            bases.append(b.broadcast_in_dim(b.constant(0, cell.dtype), (cell.numel,), []))
+    scalars = scalar_params(b, call.scalar_types)
     if plan.random:
         ctx.new_rng_param()
+    slots = {id(t): call.slot_of[id(cell_of(t))] for t in call.tensors}
+    return ctx, lower_op(ctx, plan, values, lambda t: slots[id(t)], bases, scalars)
 
-    geometry = {}
-    tensor_iter = iter(call.tensors)
-    scalar_iter = iter(scalar_params)
-    lowered: list[Any] = []
-    for kind, v in zip(plan.kinds, values):
-        if kind == KIND_TENSOR and v is not None and not isinstance(v, torch.Tensor):
-            lowered.append(next(scalar_iter) if _lifted(v, plan.lift_scalars) else v)
-        elif kind == KIND_TENSOR:
-            lowered.append(None if v is None else _view(b, bases, call, next(tensor_iter), geometry))
-        elif kind == KIND_TENSOR_LIST:
-            lowered.append([None if t is None else _view(b, bases, call, next(tensor_iter), geometry) for t in v])
-        elif kind == KIND_SCALAR and _lifted(v, plan.lift_scalars):
-            lowered.append(next(scalar_iter))
-        elif kind == KIND_SCALAR_LIST and plan.lift_scalars and v:
-            lowered.append(_scalar_list(b, next(scalar_iter), len(v)))
-        else:
-            lowered.append(v)
 
-    fargs, fkwargs = plan.functional_args(lowered)
-    out_meta = plan.functional_meta(values)
-    result = lower_call(ctx, plan.functional, fargs, fkwargs, out_meta if len(out_meta) != 1 or plan.functional_returns_tuple else out_meta[0])
-    results = list(result) if isinstance(result, (tuple, list)) and plan.functional_returns_tuple else [result]
-
-    outputs, out_specs = [], []
-    flat_new, out_tree = tree_flatten(results[: plan.n_plain])
-    flat_new_meta, _ = tree_flatten(list(out_meta[: plan.n_plain]))
-    for v, m in zip(flat_new, flat_new_meta):
-        if v is None or m is None:  # an optional output PyTorch also leaves out (e.g. no weight grad)
-            out_specs.append(None)
-            continue
-        v = _fix(ctx, v, m)
-        flat, strides = flatten_for_strides(b, v, m.stride())
-        outputs.append(flat)
-        out_specs.append((tuple(m.shape), strides, m.dtype, flat.shape[0]))
-
-    current = list(bases)
-    updated: list[int] = []
-    flat_mut, _ = tree_flatten(results[plan.n_plain :])
-    flat_mut_meta, _ = tree_flatten(list(out_meta[plan.n_plain :]))
-    mut_tensors = plan.mutated_tensors(values)
-    for v, m, t in zip(flat_mut, flat_mut_meta, mut_tensors):
-        if t is None or v is None:
-            continue
-        slot, sizes, strides, offset = geometry[id(t)]
-        v = _fix(ctx, v, m, dtype=t.dtype, shape=tuple(t.shape))
-        if t.is_conj() or t.is_neg():  # lazy conj/neg views store conj/neg of their values
-            v = apply_math_bits(b, v, t.is_conj(), t.is_neg())
-        current[slot] = write_view(b, current[slot], sizes, strides, offset, v)
-        if slot not in updated:
-            updated.append(slot)
-    outputs.extend(current[s] for s in updated)
+def _build(plan: OpPlan, values: list[Any], call: _Call) -> Program:
+    ctx, low = lower_single(plan, values, call)
+    b = ctx.b
+    outputs = low.outputs + list(low.updates.values())
+    outputs += [flag for flag, _ in ctx.checks]
     text = b.module(outputs)
     exe = cache.compile(text, f"{plan.name} {[tuple(t.shape) for t in call.tensors]}")
-    # a flat list of plain tensors needs no pytree rebuild on the hot path
-    simple = all(isinstance(r, Value) for r in results[: plan.n_plain]) and None not in out_specs
-    return Program(exe, out_specs, None if simple else out_tree, updated, text, len(b.params))
-
-
-def _scalar_list(b: Any, param: Any, n: int) -> list[ScalarValue]:
-    dtype = param.dtype
-    param.shape = (n,)
-    out = []
-    for i in range(n):
-        s = b.reshape(b.slice(param, [i], [i + 1]), ())
-        out.append(ScalarValue(s.name, dtype, float))
-    return out
-
-
-def _view(b: Any, bases: list, call: _Call, t: torch.Tensor, geometry: dict) -> Any:
-    slot = call.slot_of[id(cell_of(t))]
-    sizes, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
-    geometry[id(t)] = (slot, sizes, strides, offset)
-    x = read_view(b, bases[slot], sizes, strides, offset, t.dtype)
-    if t.is_conj() or t.is_neg():
-        x = apply_math_bits(b, x, t.is_conj(), t.is_neg())
-    return x
-
-
-def _fix(ctx: ProgramContext, v: Any, meta: torch.Tensor, dtype: torch.dtype | None = None, shape: tuple | None = None) -> Any:
-    """Make a rule's result exactly the dtype and shape PyTorch promised."""
-    from ..lowering.context import NodeLowering
-
-    L = NodeLowering(ctx, None, None)
-    dtype = dtype or meta.dtype
-    shape = shape if shape is not None else tuple(meta.shape)
-    if v.dtype != dtype:
-        v = L.to(v, dtype)
-    if v.shape != shape:
-        v = L.broadcast_to(v, shape)
-    return v
+    return Program(
+        exe, low.specs, None if low.simple else low.out_tree, list(low.updates), text, len(b.params), [m for _, m in ctx.checks]
+    )
 
 
 def registered_rule(op: torch._ops.OpOverload) -> bool:

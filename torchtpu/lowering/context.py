@@ -52,6 +52,7 @@ class ProgramContext:
         self.b = builder or Builder()
         self.precision = precision or current()  # "DEFAULT" | "HIGH" | "HIGHEST" (dot and conv)
         self.rng_state: Value | None = None  # u64[2] threaded through random ops
+        self.checks: list[tuple[Value, str]] = []  # (any-true flag, message): see eager/checks.py
         self.supports_f64 = True
 
     def new_rng_param(self) -> Value:
@@ -77,6 +78,15 @@ class NodeLowering:
         self.out: list[TensorSpec | None] = [_spec_of(m) for m in flat]
 
     # -- scalars and dtypes -------------------------------------------------------
+    def check(self, bad: Value, message: str) -> None:
+        """Report ``message`` (asynchronously, at the user's next wait) if any element of
+        the boolean ``bad`` is true; the program still runs and returns its results."""
+        b = self.b
+        if bad.shape:
+            dims = list(range(len(bad.shape)))
+            (bad,) = b.reduce([bad], [b.constant(False, torch.bool)], dims, lambda acc, x: [b.binary("or", acc, x)])
+        self.ctx.checks.append((bad, message))
+
     def scalar(self, x: Any, dtype: torch.dtype) -> Value:
         """A 0-d Value of ``dtype`` from a Python number, a ScalarValue or a 0-d Value."""
         if isinstance(x, Value):

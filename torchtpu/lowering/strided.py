@@ -48,9 +48,23 @@ def dense_order(sizes: Sequence[int], strides: Sequence[int]) -> list[int] | Non
     return order
 
 
+_COMPLEX_PARTS = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
 def _bitcast(b: Builder, base: Value, dtype: torch.dtype) -> Value:
+    """The flat storage ``base`` reinterpreted as ``dtype`` (view(dtype), view_as_real)."""
     if base.dtype == dtype:
         return base
+    if _COMPLEX_PARTS.get(base.dtype) is dtype:  # complex -> interleaved (re, im) floats
+        re = b.op1("stablehlo.real", [base], base.shape, dtype)
+        im = b.op1("stablehlo.imag", [base], base.shape, dtype)
+        pair = b.concatenate([b.reshape(re, base.shape + (1,)), b.reshape(im, base.shape + (1,))], 1)
+        return b.reshape(pair, (base.shape[0] * 2,))
+    if _COMPLEX_PARTS.get(dtype) is base.dtype and base.shape[0] % 2 == 0:  # floats -> complex
+        pairs = b.reshape(base, (base.shape[0] // 2, 2))
+        re = b.reshape(b.slice(pairs, [0, 0], [pairs.shape[0], 1]), (pairs.shape[0],))
+        im = b.reshape(b.slice(pairs, [0, 1], [pairs.shape[0], 2]), (pairs.shape[0],))
+        return b.op1("stablehlo.complex", [re, im], re.shape, dtype)
     if base.dtype.itemsize != dtype.itemsize:
         raise NotImplementedError(
             f"torchtpu: viewing a {base.dtype} storage as {dtype} (different element sizes) is not supported; "
@@ -137,17 +151,28 @@ def write_view(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[
     """The storage after writing ``value`` (already of the view's shape and dtype) into the view."""
     sizes, strides = tuple(sizes), tuple(strides)
     numel = prod(sizes)
-    total = base.shape[0]
     if numel == 0:
         return base
+    if value.dtype != base.dtype:  # a view of another dtype: write in its units, cast back
+        updated = write_view(b, _bitcast(b, base, value.dtype), sizes, strides, offset, value)
+        return _bitcast(b, updated, base.dtype)
+    total = base.shape[0]
     flat = b.reshape(value, (numel,))
-    flat = _bitcast(b, flat, base.dtype) if flat.dtype != base.dtype else flat
     if is_contiguous(sizes, strides):
         if offset == 0 and numel == total:
             return flat
         return b.dynamic_update_slice(base, flat, [b.constant(offset, torch.int64)])
     idx = b.reshape(_flat_indices(b, sizes, strides, offset), (numel, 1))
     return b.scatter(base, idx, flat, [], [0], [0], 1)
+
+
+def storage_strides(sizes: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
+    """The strides a result really gets from ``flatten_for_strides`` (without building it)."""
+    if is_contiguous(sizes, strides):
+        return tuple(strides)
+    if prod(sizes) <= 1 or dense_order(sizes, strides) is None:
+        return contiguous_strides(sizes)
+    return tuple(strides)
 
 
 def flatten_for_strides(b: Builder, value: Value, strides: Sequence[int]) -> tuple[Value, tuple[int, ...]]:
@@ -162,3 +187,17 @@ def flatten_for_strides(b: Builder, value: Value, strides: Sequence[int]) -> tup
     if order is None:
         return b.reshape(value, (numel,)), contiguous_strides(sizes)
     return b.reshape(b.transpose(value, order), (numel,)), tuple(strides)
+
+
+def apply_math_bits(b: Builder, x: Value, conj: bool, neg: bool) -> Value:
+    """A tensor with PyTorch's lazy conjugate/negative bit (``x.conj()``, ``_neg_view``)
+    holds conj/neg of its storage; both are involutions, so this maps storage values to
+    tensor values on reads and back on writes."""
+    if conj and x.dtype in _COMPLEX_PARTS:
+        part = _COMPLEX_PARTS[x.dtype]
+        re = b.op1("stablehlo.real", [x], x.shape, part)
+        im = b.op1("stablehlo.imag", [x], x.shape, part)
+        x = b.op1("stablehlo.complex", [re, b.unary("negate", im)], x.shape, x.dtype)
+    if neg:
+        x = b.unary("negate", x)
+    return x

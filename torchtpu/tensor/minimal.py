@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from .. import metrics
+from ..eager import checks
 from ..lowering.strided import contiguous_strides, storage_extent
 from ..runtime import pjrt
 from ..stablehlo.types import numpy_dtype
@@ -57,19 +58,30 @@ def from_cpu(t: torch.Tensor) -> torch.Tensor:
     return new_tensor(Cell(arr.size, t.dtype, buf), tuple(t.shape), contiguous_strides(t.shape), 0, t.dtype)
 
 
-def to_cpu(t: torch.Tensor) -> torch.Tensor:
-    """A CPU copy of tpu tensor ``t`` with the same sizes (contiguous)."""
+def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
+    """A CPU copy of tpu tensor ``t`` with the same sizes (contiguous). This is a point
+    where the user waits: pending deferred work runs and asynchronous errors surface."""
     cell = cell_of(t)
     sizes, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
-    if cell.buf is None:
+    if cell.lazy is not None:
+        from ..eager import deferred
+
+        deferred.flush(reason)
+    buf = cell.buf
+    if buf is None:
         flat = np.zeros(cell.numel, numpy_dtype(cell.dtype))
     else:
-        flat = pjrt.get().to_numpy(cell.buf).reshape(-1)
+        flat = pjrt.get().to_numpy(buf).reshape(-1)
+    checks.raise_pending()
     if t.dtype != cell.dtype:
         flat = flat.view(numpy_dtype(t.dtype))
     item = flat.itemsize
     view = np.lib.stride_tricks.as_strided(flat[offset:], sizes, [s * item for s in strides], writeable=False)
     arr = np.array(view, copy=True)
+    if t.is_conj():  # the lazy conjugate bit (x.conj()): the values are conj(storage)
+        np.conjugate(arr, out=arr)
+    if t.is_neg():
+        np.negative(arr, out=arr)
     metrics.add("d2h_bytes", arr.nbytes)
     metrics.add("d2h_transfers")
     if t.dtype is torch.bfloat16:
@@ -84,6 +96,8 @@ def _covers_storage(t: torch.Tensor) -> bool:
         and t.storage_offset() == 0
         and t.numel() == cell.numel
         and t.dtype == cell.dtype
+        and not t.is_conj()
+        and not t.is_neg()
     )
 
 
@@ -182,8 +196,16 @@ def to_copy(
     )
 
 
+def clone_storage(storage: Any) -> Any:
+    """A new tpu storage with the same bytes (device buffers are immutable, so the copy
+    can share the buffer until either side is written)."""
+    cell = storage._cell
+    copy = Cell(cell.numel, cell.dtype, cell.buf)
+    return new_tensor(copy, [cell.numel], [1], 0, cell.dtype).untyped_storage()
+
+
 def local_scalar_dense(x: torch.Tensor) -> Any:
-    return to_cpu(x).item()
+    return to_cpu(x, "item").item()
 
 
 # -- metadata -----------------------------------------------------------------------------
@@ -238,12 +260,37 @@ def meta_view(op: Any) -> Any:
     return kernel
 
 
-VIEW_OPS = [aten.view.default, aten._reshape_alias.default, aten.as_strided.default, aten.unfold.default, aten.view.dtype]
+VIEW_OPS = [
+    aten.view.default,
+    aten._reshape_alias.default,
+    aten.as_strided.default,
+    aten.unfold.default,
+    aten.view.dtype,
+    aten.view_as_real.default,
+    aten.view_as_complex.default,
+    # in-place view ops only restride the tensor itself: the data stays where it is
+    aten.squeeze_.default,
+    aten.squeeze_.dim,
+    aten.squeeze_.dims,
+    aten.unsqueeze_.default,
+    aten.transpose_.default,
+    aten.t_.default,
+    aten.swapdims_.default,
+    aten.swapaxes_.default,
+    aten.as_strided_.default,
+]
+
+
+def new_empty(
+    x: torch.Tensor, size: list[int], dtype: torch.dtype | None = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+) -> torch.Tensor:
+    return empty_memory_format(size, dtype or x.dtype, layout, device, pin_memory)
 
 
 def kernels() -> dict[Any, Any]:
     table = {
         aten.empty.memory_format: empty_memory_format,
+        aten.new_empty.default: new_empty,
         aten.empty_strided.default: empty_strided,
         aten.new_empty_strided.default: new_empty_strided,
         aten.copy_.default: copy_,

@@ -37,25 +37,63 @@ def _fake_pointer(nbytes: int) -> int:
 
 class Cell:
     """One flat device buffer of ``numel`` elements of ``dtype`` (None: not yet written,
-    reads as zeros)."""
+    reads as zeros).
 
-    __slots__ = ("buf", "numel", "dtype", "nbytes", "__weakref__")
+    Under DeferAndFuse a cell may be *lazy*: its value is the result of recorded ops
+    that have not run yet (``lazy`` is the pending graph). Reading ``buf`` or calling
+    ``set`` runs that graph first, so every consumer outside the dispatcher sees a real
+    buffer; the dispatcher itself reads ``_buf``/``lazy`` to record without running.
+    """
+
+    __slots__ = ("_buf", "numel", "dtype", "nbytes", "lazy", "gslot", "counted", "__weakref__")
 
     def __init__(self, numel: int, dtype: torch.dtype, buf: Any = None):
         self.numel = int(numel)
         self.dtype = dtype
         self.nbytes = self.numel * dtype.itemsize
-        self.buf = None
+        self._buf = None
+        self.lazy: Any = None  # the pending graph that will produce this cell's value
+        self.gslot: Any = None  # (graph epoch, slot) while a pending graph refers to it
+        self.counted = False  # counted in torch.tpu.memory_allocated (holds or will hold a buffer)
         if buf is not None:
             self.set(buf)
 
+    @property
+    def buf(self) -> Any:
+        if self.lazy is not None:
+            self.lazy.flush_for(self)
+        return self._buf
+
+    @buf.setter
+    def buf(self, value: Any) -> None:
+        if self.lazy is not None:
+            self.lazy.flush_for(self)
+        self._buf = value
+        self._count(value is not None)
+
+    @property
+    def initialized(self) -> bool:
+        return self._buf is not None or self.lazy is not None
+
     def set(self, buf: Any) -> None:
-        if self.buf is None:
+        if self.lazy is not None:
+            self.lazy.flush_for(self)
+        self._set(buf)
+
+    def _set(self, buf: Any) -> None:
+        """Store a buffer without looking at pending work (the deferred runner's path)."""
+        self._buf = buf
+        self._count(True)
+
+    def _count(self, holds: bool) -> None:
+        if holds and not self.counted:
             memory.allocated(self.nbytes)
-        self.buf = buf
+        elif not holds and self.counted:
+            memory.freed(self.nbytes)
+        self.counted = holds
 
     def __del__(self) -> None:
-        if self.buf is not None:
+        if self.counted:
             memory.freed(self.nbytes)
 
 

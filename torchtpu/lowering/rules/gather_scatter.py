@@ -31,8 +31,19 @@ def _i64(L: NodeLowering, idx: Value) -> Value:
     return L.to(idx, torch.int64)
 
 
-def _wrap_negative(L: NodeLowering, idx: Value, size: int) -> Value:
-    """Python-style negative indices (``i + size`` where ``i < 0``)."""
+def _check_bounds(L: NodeLowering, idx: Value, size: int, dim: int, negative_ok: bool) -> None:
+    """XLA clamps out-of-range indices silently; report them (asynchronously, like a CUDA
+    device-side assert) instead of returning a wrong answer."""
+    idx = _i64(L, idx)
+    lo = L.full(-size if negative_ok else 0, idx.shape, torch.int64)
+    hi = L.full(size, idx.shape, torch.int64)
+    bad = L.b.binary("or", L.b.compare(idx, lo, "LT"), L.b.compare(idx, hi, "GE"))
+    L.check(bad, f"index out of range: an index is out of bounds for dimension {dim} with size {size}")
+
+
+def _wrap_negative(L: NodeLowering, idx: Value, size: int, dim: int = 0) -> Value:
+    """Python-style negative indices (``i + size`` where ``i < 0``), bounds-checked."""
+    _check_bounds(L, idx, size, dim, negative_ok=True)
     idx = _i64(L, idx)
     zero = L.zeros(idx.shape, torch.int64)
     return L.b.select(L.b.compare(idx, zero, "LT"), L.b.binary("add", idx, L.full(size, idx.shape, torch.int64)), idx)
@@ -87,6 +98,7 @@ def _scatter_elements(L: NodeLowering, x: Value, dim: int, index: Value, src: Va
         x = L.b.reshape(x, (1,))
     if src.shape != index.shape:
         src = L.b.slice(src, [0] * src.rank, list(index.shape))
+    _check_bounds(L, index, x.shape[dim], dim, negative_ok=False)
     full = _full_index(L, index, dim)
     out = L.b.scatter(x, full, L.to(src, x.dtype), [], list(range(x.rank)), list(range(x.rank)), index.rank, combine)
     return L.b.reshape(out, x0.shape)
@@ -135,6 +147,7 @@ def index_select(L: NodeLowering, x: Value, dim: int, index: Value) -> Value:
     index = L.b.reshape(index, (prod(index.shape),))
     if prod(out) == 0:
         return L.zeros(out, x.dtype)
+    _check_bounds(L, index, x.shape[dim], dim, negative_ok=False)
     return L.b.reshape(_gather_rows(L, x, dim, index), out)
 
 
@@ -148,6 +161,7 @@ def gather(L: NodeLowering, x: Value, dim: int, index: Value, sparse_grad: bool 
     dim = wrap_dim(dim, x.rank)
     if index.rank == 0:
         index = L.b.reshape(index, (1,) * x.rank)
+    _check_bounds(L, index, x.shape[dim], dim, negative_ok=False)
     full = _full_index(L, index, dim)
     r = L.b.gather(x, full, [], list(range(x.rank)), list(range(x.rank)), index.rank, [1] * x.rank, index.shape)
     return L.b.reshape(r, out)
@@ -252,12 +266,15 @@ def index_add(L: NodeLowering, x: Value, dim: int, index: Value, source: Value, 
     source = L.to(source, x.dtype)
     if isinstance(alpha, Value) or alpha != 1:
         source = L.b.binary("multiply", source, L.full(alpha, source.shape, x.dtype))
+    _check_bounds(L, index, x.shape[dim] if x.rank else 1, dim, negative_ok=False)
     return _scatter_rows(L, x, dim, index, source, _combiner(L, "add", x.dtype))
 
 
 @register(aten.index_copy.default)
 def index_copy(L: NodeLowering, x: Value, dim: int, index: Value, source: Value) -> Value:
-    return _scatter_rows(L, x, wrap_dim(dim, x.rank), index, source, None)
+    dim = wrap_dim(dim, x.rank)
+    _check_bounds(L, index, x.shape[dim] if x.rank else 1, dim, negative_ok=False)
+    return _scatter_rows(L, x, dim, index, source, None)
 
 
 @register(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
@@ -289,7 +306,7 @@ def _index_coords(L: NodeLowering, x: Value, indices: Sequence[Value | None], di
     bshape = tuple(torch.broadcast_shapes(*[i.shape for i in idx]))
     cols = []
     for d, i in zip(dims, idx, strict=True):
-        i = L.broadcast_to(_wrap_negative(L, i, x.shape[d]), bshape)
+        i = L.broadcast_to(_wrap_negative(L, i, x.shape[d], d), bshape)
         cols.append(L.b.reshape(i, bshape + (1,)))
     return L.b.concatenate(cols, len(bshape)), bshape
 
@@ -428,6 +445,7 @@ def embedding(L: NodeLowering, weight: Value, indices: Value, padding_idx: int =
     out = L.out[0].shape
     if prod(out) == 0:
         return L.zeros(out, weight.dtype)
+    _check_bounds(L, indices, weight.shape[0], 0, negative_ok=False)
     idx = b.reshape(_i64(L, indices), indices.shape + (1,))
     slice_sizes = [1] + list(weight.shape[1:])
     offset = list(range(indices.rank, indices.rank + weight.rank - 1))

@@ -1,0 +1,367 @@
+"""DeferAndFuse: record ops into a pending graph, run it as one fused, cached program.
+
+Recording an op costs a cache-key build and a dictionary lookup: the op's output shapes
+come from a spec cache keyed like eager programs, so nothing is lowered or compiled on
+the hot path. Output tensors are ordinary tpu tensors whose storage cells are *lazy*
+(``Cell.lazy`` is the graph). The graph runs ("flushes") when
+
+- a value is needed: anything reading a lazy cell's buffer (``.cpu()``, ``.item()``,
+  ``.tolist()``, print, ``torch.save``, ``bool(t)``, a collective, a host-synced op);
+- the user waits: ``torch.tpu.synchronize()``, leaving the mode;
+- ``backward()`` ends (a callback queued on the autograd engine);
+- the op about to be recorded starts the same sequence again (a loop step repeats);
+- the graph reaches ``MAX_NODES`` ops, so programs stay compilable.
+
+The fused program is cached by the graph's structure: per op its eager key with the
+storage slots it touches, the kinds of the graph's inputs, and which written storages
+are still alive (dead intermediates are not outputs, so XLA fuses them away). Input
+storages that the graph overwrites and nobody else holds are donated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+import torch
+
+from .. import metrics
+from ..lowering.context import ProgramContext
+from ..runtime import cache, pjrt
+from ..tensor.storage import Cell, new_tensor
+from . import checks, rng
+from .oplower import lower_op, scalar_params
+from .plan import KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
+
+MAX_NODES = 4096  # flush before a graph grows past this many ops
+MIN_REPEAT = 8  # a repeated first op only ends a graph at least this long
+
+_epochs = itertools.count(1)
+_local = threading.local()
+_SPECS: dict[tuple, tuple] = {}  # op key -> (out specs, out_tree, update slots)
+_GRAPHS: dict[tuple, _Compiled] = {}
+_recent: list[Any] = []  # outputs of the latest flush, for synchronize()
+
+IN, ZEROS, NEW = "in", "zeros", "new"
+
+
+class _Compiled:
+    __slots__ = ("exe", "donated", "check_nodes", "check_messages", "text")
+
+    def __init__(self, exe: Any, donated: tuple, check_nodes: list[int], check_messages: list[str], text: str):
+        self.exe = exe
+        self.donated = donated
+        self.check_nodes = check_nodes
+        self.check_messages = check_messages
+        self.text = text
+
+
+class _Node:
+    __slots__ = ("plan", "key", "lvalues", "gslots", "out_gslots", "scalar_types", "random", "where")
+
+    def __init__(self, plan: OpPlan, key: tuple, lvalues: list, gslots: tuple, scalar_types: list):
+        self.plan = plan
+        self.key = key
+        self.lvalues = lvalues  # the call's arguments with tensors dropped (they live in ``key``)
+        self.gslots = gslots  # graph slot of each call slot
+        self.out_gslots: list[int] = []
+        self.scalar_types = scalar_types
+        self.random = plan.random
+        self.where = ""
+
+
+class Graph:
+    """The ops recorded on one thread since the last flush."""
+
+    def __init__(self) -> None:
+        self.epoch = next(_epochs)
+        self.nodes: list[_Node] = []
+        self.cells: list[weakref.ref] = []  # per graph slot
+        self.kinds: list[tuple] = []  # per graph slot: (IN|ZEROS|NEW, numel, dtype)
+        self.inputs: list[Any] = []  # buffers of the IN slots, in slot order
+        self.input_slots: list[int] = []
+        self.operands: list[Any] = []  # Python-number and RNG-state buffers, in node order
+        self.written: dict[int, None] = {}  # slots created or overwritten (ordered set)
+        self.keys: list[tuple] = []
+        self.hooked_backward = -1
+        self.lock = threading.RLock()
+        self.flushed = False
+
+    def slot(self, cell: Cell) -> int:
+        tag = cell.gslot
+        if tag is not None and tag[0] == self.epoch:
+            return tag[1]
+        if cell.lazy is not None and cell.lazy is not self:  # produced by another thread's graph
+            cell.lazy.flush_for(cell)
+        idx = len(self.cells)
+        self.cells.append(weakref.ref(cell))
+        if cell._buf is not None:
+            self.kinds.append((IN, cell.numel, cell.dtype))
+            self.inputs.append(cell._buf)
+            self.input_slots.append(idx)
+        else:
+            self.kinds.append((ZEROS, cell.numel, cell.dtype))
+        cell.gslot = (self.epoch, idx)
+        return idx
+
+    def new_cell(self, numel: int, dtype: torch.dtype) -> tuple[Cell, int]:
+        cell = Cell(numel, dtype)
+        cell.lazy = self
+        cell._count(True)  # memory_allocated counts it from now on, as a CUDA allocation would
+        idx = len(self.cells)
+        self.cells.append(weakref.ref(cell))
+        self.kinds.append((NEW, numel, dtype))
+        cell.gslot = (self.epoch, idx)
+        self.written[idx] = None
+        return cell, idx
+
+    def flush_for(self, cell: Cell) -> None:
+        """A consumer needs ``cell``'s value: run this graph."""
+        _flush_graph(self, "value_needed")
+
+
+def _graph() -> Graph:
+    g = getattr(_local, "graph", None)
+    if g is None or g.flushed:
+        g = _local.graph = Graph()
+    return g
+
+
+# --------------------------------------------------------------------------
+# recording
+# --------------------------------------------------------------------------
+def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
+    g = _graph()
+    if not g.nodes and torch._C._current_graph_task_id() != -1:
+        g = _join_forward_graph(g, call.cells)
+    if len(g.nodes) >= MIN_REPEAT and key is not None and g.nodes[0].key == key:
+        _flush_graph(g, "repeat")
+        g = _graph()
+    spec = _SPECS.get(key)
+    if spec is None:
+        spec = _SPECS[key] = _spec(plan, values, call, key)
+    specs, out_tree, updates = spec
+    gslots = tuple(g.slot(c) for c in call.cells)
+    lvalues = [None if k == KIND_TENSOR_LIST or (k == KIND_TENSOR and isinstance(v, torch.Tensor)) else v for k, v in zip(plan.kinds, values)]
+    node = _Node(plan, key, lvalues, gslots, call.scalar_types)
+    if key in _CHECKED:
+        node.where = checks.user_source_line()
+    g.operands.extend(call.scalars)
+    if plan.random:
+        g.operands.append(rng.next_state_buffer())
+    new = []
+    for s in specs:
+        if s is None:
+            new.append(None)
+            continue
+        cell, idx = g.new_cell(s[3], s[2])
+        node.out_gslots.append(idx)
+        new.append(new_tensor(cell, s[0], s[1], 0, s[2]))
+    for slot in updates:
+        cell = call.cells[slot]
+        cell.lazy = g
+        g.written[gslots[slot]] = None
+    g.nodes.append(node)
+    g.keys.append((key, gslots))
+    _hook_backward(g)
+    result = plan.returns(values, new if out_tree is None else torch.utils._pytree.tree_unflatten(new, out_tree))
+    if len(g.nodes) >= MAX_NODES:
+        _flush_graph(g, "size")
+    return result
+
+
+def _join_forward_graph(g: Graph, cells: list[Cell]) -> Graph:
+    """The autograd engine runs backward on its own thread: let it record into the graph
+    that holds the forward pass (the caller of backward() waits meanwhile), so forward
+    and backward fuse into one program."""
+    for c in cells:
+        other = c.lazy
+        if other is not None and other is not g and not other.flushed:
+            _local.graph = other
+            return other
+    return g
+
+
+def _spec(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> tuple:
+    """Output specs and rewritten slots of a call never seen before, by lowering it once
+    on its own (not compiled): this also raises NotImplementedError at the op itself,
+    and learns whether its program reports device-side checks."""
+    from .dispatch import lower_single
+
+    ctx, low = lower_single(plan, values, call)
+    if ctx.checks:
+        _CHECKED.add(key)
+    return low.specs, None if low.simple else low.out_tree, list(low.updates)
+
+
+def _hook_backward(g: Graph) -> None:
+    """Inside ``backward()``, run the graph when the autograd engine finishes."""
+    task = torch._C._current_graph_task_id()
+    if task == -1 or g.hooked_backward == task:
+        return
+    g.hooked_backward = task
+    torch.autograd.Variable._execution_engine.queue_callback(lambda: _flush_graph(g, "backward"))
+
+
+# --------------------------------------------------------------------------
+# flushing
+# --------------------------------------------------------------------------
+_CHECKED: set[tuple] = set()  # op keys whose lowering reports device-side checks
+
+
+def flush(reason: str = "explicit") -> None:
+    """Run this thread's pending graph (no-op when nothing is pending)."""
+    g = getattr(_local, "graph", None)
+    if g is not None and not g.flushed and g.nodes:
+        _flush_graph(g, reason)
+
+
+def recent_outputs() -> list[Any]:
+    return [b for b in _recent if not b.is_deleted()]
+
+
+def pending_ops() -> int:
+    g = getattr(_local, "graph", None)
+    return 0 if g is None or g.flushed else len(g.nodes)
+
+
+def _flush_graph(g: Graph, reason: str) -> None:
+    with g.lock:
+        if g.flushed:
+            return
+        g.flushed = True
+        if getattr(_local, "graph", None) is g:
+            _local.graph = None
+        if not g.nodes:
+            return
+        _run(g, reason)
+
+
+def _run(g: Graph, reason: str) -> None:
+    live = []  # (slot, cell): written storages someone still holds
+    for idx in g.written:
+        cell = g.cells[idx]()
+        if cell is not None:
+            live.append((idx, cell))
+    donated = _donatable(g, live)
+    gkey = (tuple(g.keys), tuple(g.kinds[i] for i in g.input_slots), tuple(i for i, _ in live), donated)
+    compiled = _GRAPHS.get(gkey)
+    if compiled is None:
+        compiled = _GRAPHS[gkey] = _compile(g, [i for i, _ in live], donated)
+    else:
+        metrics.add("cache_hits")
+    for i in donated:  # the cell gets the program's output; drop our last references
+        cell = g.cells[g.input_slots[i]]()
+        if cell is not None:
+            cell._buf = None  # still counted: the program's output replaces it
+    t0 = time.perf_counter()
+    outs = pjrt.get().execute(compiled.exe, g.inputs + g.operands)
+    g.inputs = g.operands = []
+    metrics.add("execute_seconds", time.perf_counter() - t0)
+    metrics.add("executions")
+    metrics.add("flushes")
+    metrics.add(f"flushes_{reason}")
+    metrics.add("fused_ops", len(g.nodes))
+    n_checks = len(compiled.check_messages)
+    if n_checks:
+        for node_idx, msg, flag in zip(compiled.check_nodes, compiled.check_messages, outs[len(outs) - n_checks :]):
+            node = g.nodes[node_idx]
+            checks.add([flag], node.plan.name, [msg], node.where or "<unknown: run with TORCHTPU_LAUNCH_BLOCKING=1>")
+        outs = outs[: len(outs) - n_checks]
+    for (_, cell), buf in zip(live, outs):
+        cell.lazy = None
+        cell.gslot = None
+        cell._set(buf)
+    _recent[:] = outs
+    for ref in g.cells:  # storages read or written but not live: nothing pending any more
+        cell = ref()
+        if cell is not None and cell.lazy is g:
+            cell.lazy = None
+
+
+def _donatable(g: Graph, live: list[tuple[int, Cell]]) -> tuple[int, ...]:
+    """Inputs the graph overwrites whose old buffer only the cell and this graph hold."""
+    live_slots = {i for i, _ in live}
+    recent = {id(b) for b in _recent}
+    out = []
+    for i, idx in enumerate(g.input_slots):
+        if idx not in live_slots or idx not in g.written:
+            continue
+        cell = g.cells[idx]()
+        buf = g.inputs[i]
+        # references: g.inputs, cell._buf, getrefcount's argument (+ _recent)
+        if cell is not None and cell._buf is buf and sys.getrefcount(buf) == 3 + (id(buf) in recent):
+            out.append(i)
+    return tuple(out)
+
+
+def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
+    ctx = ProgramContext()
+    ctx.supports_f64 = pjrt.get().supports_f64
+    b = ctx.b
+    values: list[Any] = [None] * len(g.kinds)
+    for idx, (kind, numel, dtype) in enumerate(g.kinds):
+        if kind == IN:
+            values[idx] = b.param((numel,), dtype)
+        elif kind == ZEROS:
+            values[idx] = b.broadcast_in_dim(b.constant(0, dtype), (numel,), [])
+    check_nodes: list[int] = []
+    for n, node in enumerate(g.nodes):
+        scalars = scalar_params(b, node.scalar_types)
+        if node.random:
+            ctx.new_rng_param()
+        args, slot_of = _meta_args(node, g)
+        bases = [values[s] for s in node.gslots]
+        before = len(ctx.checks)
+        low = lower_op(ctx, node.plan, args, slot_of, bases, scalars)
+        for idx, v in zip(node.out_gslots, low.outputs):
+            values[idx] = v
+        for slot, v in low.updates.items():
+            values[node.gslots[slot]] = v
+        if len(ctx.checks) > before:
+            _CHECKED.add(node.key)
+            check_nodes.extend([n] * (len(ctx.checks) - before))
+    for i in donated:
+        out_pos = live.index(g.input_slots[i])
+        b.set_param_attr(i, f"tf.aliasing_output = {out_pos} : i32")
+    outputs = [values[i] for i in live] + [flag for flag, _ in ctx.checks]
+    text = b.module(outputs)
+    exe = cache.compile(text, f"fused graph of {len(g.nodes)} ops")
+    return _Compiled(exe, donated, check_nodes, [m for _, m in ctx.checks], text)
+
+
+def _meta_args(node: _Node, g: Graph) -> tuple[list[Any], Any]:
+    """The call's arguments with meta tensors of the recorded geometry in place of tensors."""
+    key = node.key
+    slots: dict[int, int] = {}
+    numels = [g.kinds[s][1] for s in node.gslots]
+
+    def meta(entry: tuple) -> torch.Tensor:
+        slot, dtype, shape, stride, offset, conj, neg = entry
+        t = torch.empty(numels[slot], dtype=dtype, device="meta").as_strided(shape, stride, offset)
+        if conj:
+            t = t.conj()
+        if neg:
+            t = t._neg_view()
+        slots[id(t)] = slot
+        return t
+
+    args = []
+    for i, (kind, v) in enumerate(zip(node.plan.kinds, node.lvalues)):
+        entry = key[1 + i]
+        if kind == KIND_TENSOR and v is None and entry is not None:
+            args.append(meta(entry))
+        elif kind == KIND_TENSOR_LIST:
+            args.append([None if e is None else meta(e) for e in entry])
+        else:
+            args.append(v)
+    return args, lambda t: slots[id(t)]
+
+
+def clear_cache() -> None:
+    _SPECS.clear()
+    _GRAPHS.clear()

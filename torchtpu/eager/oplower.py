@@ -1,0 +1,158 @@
+"""Lowering one recorded ATen call into a builder: shared by the eager program of a single
+op and by DeferAndFuse's fused graph program.
+
+The caller owns the program: it supplies the current flat Value of every storage the op
+touches (``bases``, one per call slot) and the Python-number operands. ``lower_op``
+materialises the op's input views from those bases, lowers the op's functional variant
+through the registry and returns its new results (flattened to storages with the strides
+PyTorch's meta kernels chose) and the new value of every storage it writes in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ..lowering.context import NodeLowering, ProgramContext, ScalarValue, lower_call
+from ..lowering.strided import apply_math_bits, flatten_for_strides, read_view, write_view
+from ..runtime import pjrt
+from ..stablehlo.builder import Builder, Value
+from .plan import KIND_SCALAR, KIND_SCALAR_LIST, KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
+
+_SPECIAL_SCALARS = (0, 1, -1)
+
+OutSpec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int]  # sizes, strides, dtype, numel
+
+
+def lifted(v: Any, lift: bool) -> bool:
+    """Is this Python number passed as a device operand (not baked into the program)?"""
+    tp = type(v)
+    return lift and (tp is float or tp is int or tp is complex) and v not in _SPECIAL_SCALARS
+
+
+def scalar_dtype(pytype: type) -> torch.dtype:
+    f64 = pjrt.get().supports_f64
+    if pytype is float:
+        return torch.float64 if f64 else torch.float32
+    if pytype is complex:
+        return torch.complex128 if f64 else torch.complex64
+    return torch.int64
+
+
+def scalar_params(b: Builder, scalar_types: list[type]) -> list[Any]:
+    """Parameters for the Python numbers of one call (a ``list`` type is a Scalar[] list)."""
+    params: list[Any] = []
+    for tp in scalar_types:
+        if tp is list:
+            params.append(b.param((0,), scalar_dtype(float)))  # length set by _scalar_list
+        else:
+            p = b.param((), scalar_dtype(tp))
+            params.append(ScalarValue(p.name, p.dtype, tp))
+    return params
+
+
+class Lowered:
+    """What ``lower_op`` produced: new flat outputs, their specs, rewritten storages."""
+
+    __slots__ = ("outputs", "specs", "out_tree", "simple", "updates")
+
+    def __init__(self) -> None:
+        self.outputs: list[Value] = []  # flat storages of the new (non-mutated) results
+        self.specs: list[OutSpec | None] = []  # per flattened result; None for an absent one
+        self.out_tree: Any = None
+        self.simple = True  # a flat list of plain tensors (no pytree rebuild needed)
+        self.updates: dict[int, Value] = {}  # call slot -> new flat storage value, in order
+
+
+def lower_op(
+    ctx: ProgramContext,
+    plan: OpPlan,
+    values: list[Any],
+    slot_of: Callable[[torch.Tensor], int],
+    bases: list[Value],
+    scalars: list[Any],
+) -> Lowered:
+    """Lower ``plan.op(*values)``; tensors in ``values`` may be real or meta tensors."""
+    b = ctx.b
+    geometry: dict[int, tuple] = {}
+    scalar_iter = iter(scalars)
+    lowered: list[Any] = []
+
+    def view(t: torch.Tensor) -> Value:
+        slot = slot_of(t)
+        sizes, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
+        geometry[id(t)] = (slot, sizes, strides, offset)
+        x = read_view(b, bases[slot], sizes, strides, offset, t.dtype)
+        if t.is_conj() or t.is_neg():  # lazy conj/neg views store conj/neg of their values
+            x = apply_math_bits(b, x, t.is_conj(), t.is_neg())
+        return x
+
+    for kind, v in zip(plan.kinds, values):
+        if kind == KIND_TENSOR and v is not None and not isinstance(v, torch.Tensor):
+            lowered.append(next(scalar_iter) if lifted(v, plan.lift_scalars) else v)
+        elif kind == KIND_TENSOR:
+            lowered.append(None if v is None else view(v))
+        elif kind == KIND_TENSOR_LIST:
+            lowered.append([None if t is None else view(t) for t in v])
+        elif kind == KIND_SCALAR and lifted(v, plan.lift_scalars):
+            lowered.append(next(scalar_iter))
+        elif kind == KIND_SCALAR_LIST and plan.lift_scalars and v:
+            lowered.append(_scalar_list(b, next(scalar_iter), len(v)))
+        else:
+            lowered.append(v)
+
+    fargs, fkwargs = plan.functional_args(lowered)
+    out_meta = plan.functional_meta(values)
+    want = out_meta if len(out_meta) != 1 or plan.functional_returns_tuple else out_meta[0]
+    result = lower_call(ctx, plan.functional, fargs, fkwargs, want)
+    results = list(result) if isinstance(result, (tuple, list)) and plan.functional_returns_tuple else [result]
+
+    out = Lowered()
+    flat_new, out.out_tree = tree_flatten(results[: plan.n_plain])
+    flat_new_meta, _ = tree_flatten(list(out_meta[: plan.n_plain]))
+    for v, m in zip(flat_new, flat_new_meta):
+        if v is None or m is None:  # an optional output PyTorch also leaves out (e.g. no weight grad)
+            out.specs.append(None)
+            continue
+        flat, strides = flatten_for_strides(b, fix(ctx, v, m), m.stride())
+        out.outputs.append(flat)
+        out.specs.append((tuple(m.shape), strides, m.dtype, flat.shape[0]))
+
+    flat_mut, _ = tree_flatten(results[plan.n_plain :])
+    flat_mut_meta, _ = tree_flatten(list(out_meta[plan.n_plain :]))
+    for v, m, t in zip(flat_mut, flat_mut_meta, plan.mutated_tensors(values)):
+        if t is None or v is None:
+            continue
+        slot, sizes, strides, offset = geometry[id(t)]
+        v = fix(ctx, v, m, dtype=t.dtype, shape=tuple(t.shape))
+        if t.is_conj() or t.is_neg():
+            v = apply_math_bits(b, v, t.is_conj(), t.is_neg())
+        base = out.updates.get(slot, bases[slot])
+        out.updates[slot] = write_view(b, base, sizes, strides, offset, v)
+    out.simple = all(isinstance(r, Value) for r in results[: plan.n_plain]) and None not in out.specs
+    return out
+
+
+def _scalar_list(b: Builder, param: Any, n: int) -> list[ScalarValue]:
+    dtype = param.dtype
+    param.shape = (n,)
+    out = []
+    for i in range(n):
+        s = b.reshape(b.slice(param, [i], [i + 1]), ())
+        out.append(ScalarValue(s.name, dtype, float))
+    return out
+
+
+def fix(ctx: ProgramContext, v: Any, meta: torch.Tensor, dtype: torch.dtype | None = None, shape: tuple | None = None) -> Any:
+    """Make a rule's result exactly the dtype and shape PyTorch promised."""
+    L = NodeLowering(ctx, None, None)
+    dtype = dtype or meta.dtype
+    shape = shape if shape is not None else tuple(meta.shape)
+    if v.dtype != dtype:
+        v = L.to(v, dtype)
+    if v.shape != shape:
+        v = L.broadcast_to(v, shape)
+    return v
