@@ -385,6 +385,39 @@ class Builder:
         attrs = f"dimension = {dim} : i64, is_stable = {'true' if stable else 'false'}"
         return self.op("stablehlo.sort", xs, [(v.shape, v.dtype) for v in xs], attrs, [region])
 
+    def custom_call(
+        self,
+        target: str,
+        operands: Sequence[Value],
+        results: Sequence[tuple[Sequence[int], torch.dtype]],
+        config: dict[str, str] | None = None,
+        operand_layouts: Sequence[Sequence[int]] | None = None,
+        result_layouts: Sequence[Sequence[int]] | None = None,
+        aliases: dict[int, int] | None = None,
+    ) -> list[Value]:
+        """A typed-FFI custom call (``api_version = 4``). ``config`` holds the handler's
+        attributes as MLIR attribute text (``{"mode": "65 : ui8"}``); layouts are
+        minor-to-major dimension lists; ``aliases`` maps result index -> operand index."""
+        cfg = ", ".join(f"{k} = {v}" for k, v in (config or {}).items())
+        attrs = [f'call_target_name = "{target}"', "api_version = 4 : i32", f"backend_config = {{{cfg}}}"]
+        if operand_layouts is not None:
+            attrs.append(f"operand_layouts = [{', '.join(_layout(lay) for lay in operand_layouts)}]")
+        if result_layouts is not None:
+            attrs.append(f"result_layouts = [{', '.join(_layout(lay) for lay in result_layouts)}]")
+        if aliases:
+            items = ", ".join(  # a single result is not a tuple: its index path is empty
+                f"#stablehlo.output_operand_alias<output_tuple_indices = [{r if len(results) > 1 else ''}], "
+                f"operand_index = {o}, operand_tuple_indices = []>"
+                for r, o in aliases.items()
+            )
+            attrs.append(f"output_operand_aliases = [{items}]")
+        return self.op("stablehlo.custom_call", operands, results, ", ".join(attrs))
+
+    def fft(self, x: Value, fft_type: str, lengths: Sequence[int], shape: Sequence[int], dtype: torch.dtype) -> Value:
+        """``stablehlo.fft`` over the trailing ``len(lengths)`` dims (FFT, IFFT, RFFT, IRFFT)."""
+        attrs = f"fft_type = #stablehlo<fft_type {fft_type}>, fft_length = {i64_array(lengths)}"
+        return self.op1("stablehlo.fft", [x], shape, dtype, attrs)
+
     # -- module ---------------------------------------------------------------
     def module(self, outputs: Sequence[Value], name: str = "main") -> str:
         params = ", ".join(
@@ -397,6 +430,12 @@ class Builder:
             f"module @{name} {{\n  func.func public @main({params}) -> ({out_types}) {{\n{body}\n"
             f'    "func.return"({rets}) : ({out_types}) -> ()\n  }}\n}}\n'
         )
+
+
+def _layout(dims: Sequence[int]) -> str:
+    if not dims:
+        return "dense<> : tensor<0xindex>"
+    return f"dense<[{', '.join(str(int(d)) for d in dims)}]> : tensor<{len(dims)}xindex>"
 
 
 def _pad_literal(padding: Sequence[tuple[int, int]]) -> str:

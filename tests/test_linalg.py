@@ -1,0 +1,182 @@
+"""torch.linalg on tpu vs CPU, forward and gradients: native StableHLO (cholesky,
+triangular solves) and LAPACK custom calls (LU, solve, inv, det, QR, SVD, eigh)."""
+
+import pytest
+import torch
+from utils import TPU, assert_close, check
+
+F32, F64, C64, C128 = torch.float32, torch.float64, torch.complex64, torch.complex128
+DTYPES = [F32, F64, C64]
+
+
+def _m(*shape, dtype=F32, grad=True):
+    return torch.randn(*shape, dtype=dtype).requires_grad_(grad)
+
+
+def _spd(x):
+    """A well-conditioned Hermitian positive-definite matrix made from x (keeps the grad path)."""
+    eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+    return x @ x.mH + x.shape[-1] * eye
+
+
+def _well_conditioned(x):
+    return x + 4 * torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cholesky(dtype):
+    check(lambda x: torch.linalg.cholesky(_spd(x)), _m(4, 4, dtype=dtype))
+    check(lambda x: torch.linalg.cholesky(_spd(x), upper=True), _m(2, 3, 3, dtype=dtype))
+
+
+def test_cholesky_ex_reports_failure():
+    a = -torch.eye(3)
+    _, info = torch.linalg.cholesky_ex(a.to(TPU))
+    assert info.item() == torch.linalg.cholesky_ex(a)[1].item() == 1
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.cholesky(a.to(TPU))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_solve_triangular(dtype):
+    tri = lambda a, up: (a.triu() if up else a.tril()) + 3 * torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)  # noqa: E731
+    check(lambda a, b: torch.linalg.solve_triangular(tri(a, True), b, upper=True), _m(4, 4, dtype=dtype), _m(4, 2, dtype=dtype))
+    check(lambda a, b: torch.linalg.solve_triangular(tri(a, False), b, upper=False, left=False), _m(2, 3, 3, dtype=dtype), _m(2, 5, 3, dtype=dtype))
+    check(lambda a, b: torch.linalg.solve_triangular(tri(a, False), b, upper=False, unitriangular=True), _m(3, 3, dtype=dtype), _m(3, 1, dtype=dtype))
+    check(lambda a, b: torch.triangular_solve(b, tri(a, False), upper=False, transpose=True), _m(4, 4, dtype=dtype), _m(4, 3, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_solve(dtype):
+    check(lambda a, b: torch.linalg.solve(_well_conditioned(a), b), _m(4, 4, dtype=dtype), _m(4, 3, dtype=dtype))
+    check(lambda a, b: torch.linalg.solve(_well_conditioned(a), b), _m(2, 4, 4, dtype=dtype), _m(2, 4, dtype=dtype))  # batch of vectors
+    check(lambda a, b: torch.linalg.solve(_well_conditioned(a), b, left=False), _m(4, 4, dtype=dtype), _m(3, 4, dtype=dtype))
+    check(lambda a, b: torch.linalg.solve(_well_conditioned(a), b), _m(4, 4, dtype=dtype), _m(3, 4, 2, dtype=dtype))  # broadcast A
+
+
+def test_solve_strided_input():
+    check(lambda a, b: torch.linalg.solve(_well_conditioned(a).mT, b), _m(4, 4), _m(4, 3))
+
+
+def test_solve_singular_raises_like_cpu():
+    a = torch.zeros(3, 3)
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.solve(a.to(TPU), torch.ones(3).to(TPU))
+
+
+@pytest.mark.parametrize("dtype", [F64, C128])
+def test_inv(dtype):
+    check(lambda a: torch.linalg.inv(_well_conditioned(a)), _m(3, 4, 4, dtype=dtype))
+
+
+def test_inv_float32():
+    check(lambda a: torch.linalg.inv(_well_conditioned(a)), _m(4, 4), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_det_slogdet(dtype):
+    check(torch.linalg.det, _m(3, 4, 4, dtype=dtype))
+    check(lambda a: torch.linalg.det(a.mT), _m(4, 4, dtype=dtype))  # strided A: the LU layout follows
+    check(torch.linalg.slogdet, _m(2, 3, 3, dtype=dtype))
+    check(lambda a: torch.linalg.slogdet(a.mT), _m(3, 3, dtype=dtype))
+    check(torch.logdet, _spd(_m(3, 3, grad=False)).requires_grad_())
+
+
+def test_det_singular():
+    a = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
+    check(torch.linalg.det, a, grad=False)
+    check(torch.linalg.slogdet, a, grad=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4, 4), (5, 3), (3, 5), (2, 4, 3)])
+def test_lu(dtype, shape):
+    check(torch.linalg.lu_factor, _m(*shape, dtype=dtype, grad=shape[-1] == shape[-2]))
+    check(torch.linalg.lu, _m(*shape, dtype=dtype))
+    lu, piv = torch.linalg.lu_factor(torch.randn(*shape, dtype=dtype))
+    check(torch.lu_unpack, lu, piv, grad=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("left,adjoint", [(True, False), (True, True), (False, False), (False, True)])
+def test_lu_solve(dtype, left, adjoint):
+    lu, piv = torch.linalg.lu_factor(_well_conditioned(torch.randn(2, 4, 4, dtype=dtype)))
+    b = _m(2, 4, 3, dtype=dtype) if left else _m(2, 3, 4, dtype=dtype)
+    check(lambda lu, piv, b: torch.linalg.lu_solve(lu, piv, b, left=left, adjoint=adjoint), lu, piv, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4, 4), (5, 3), (3, 5), (2, 4, 3)])
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+def test_qr(dtype, shape, mode):
+    grad = mode != "r" and (mode == "reduced" or shape[-2] <= shape[-1])  # PyTorch's own limits
+    check(lambda a: torch.linalg.qr(a, mode=mode), _m(*shape, dtype=dtype, grad=grad))
+
+
+def test_householder_product():
+    a = torch.randn(5, 3)
+    qr, tau = torch.geqrf(a)  # geqrf itself has no meta kernel in PyTorch: not lowered
+    check(torch.linalg.householder_product, qr, tau, grad=False)
+
+
+def _svd_gauge_free(a):
+    """Singular vectors are unique only up to a phase per pair: compare gauge-free products."""
+    u, s, vh = torch.linalg.svd(a, full_matrices=False)
+    return s, (u * s.unsqueeze(-2)) @ vh, (u @ u.mH).abs()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4, 4), (5, 3), (3, 5), (2, 4, 3)])
+def test_svd(dtype, shape):
+    check(torch.linalg.svdvals, _m(*shape, dtype=dtype))
+    check(_svd_gauge_free, _m(*shape, dtype=dtype))
+    check(_svd_full_gauge_free, _m(*shape, dtype=dtype, grad=False))
+
+
+def _svd_full_gauge_free(a):
+    """full_matrices=True: the shapes, the reconstruction and the unitary factors' products
+    (LAPACK builds may pick other signs/phases for the singular vectors)."""
+    u, s, vh = torch.linalg.svd(a, full_matrices=True)
+    k = s.shape[-1]
+    assert u.shape[-2:] == (a.shape[-2], a.shape[-2]) and vh.shape[-2:] == (a.shape[-1], a.shape[-1])
+    return s, (u[..., :k] * s.unsqueeze(-2)) @ vh[..., :k, :], u @ u.mH, vh.mH @ vh
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_eigh(dtype):
+    sym = lambda x: x + x.mH  # noqa: E731
+    check(lambda x: torch.linalg.eigvalsh(sym(x)), _m(2, 4, 4, dtype=dtype))
+    check(lambda x: torch.linalg.eigvalsh(sym(x), UPLO="U"), _m(4, 4, dtype=dtype))
+    # eigenvectors are unique up to a phase: compare the gauge-free reconstruction
+    def recon(x):
+        w, v = torch.linalg.eigh(sym(x))
+        return w, (v * w.unsqueeze(-2).to(v.dtype)) @ v.mH
+
+    check(recon, _m(4, 4, dtype=dtype))
+
+
+def test_eigh_uses_only_the_named_triangle():
+    x = torch.randn(4, 4)
+    check(lambda a: torch.linalg.eigvalsh(a, UPLO="L"), x, grad=False)
+    check(lambda a: torch.linalg.eigvalsh(a, UPLO="U"), x, grad=False)
+
+
+def test_composites():
+    check(lambda a: torch.linalg.matrix_rank(a), torch.randn(4, 3) @ torch.randn(3, 5), grad=False)
+    check(lambda a: torch.linalg.pinv(a), _m(5, 3), rtol=1e-4, atol=1e-5)
+    check(lambda a: torch.linalg.matrix_norm(a, ord=2), _m(4, 3))
+    check(lambda a: torch.linalg.cond(a), _m(4, 4), rtol=1e-4, atol=1e-5)
+
+
+def test_missing_lapack_raises_clearly(monkeypatch):
+    from torchtpu.runtime import pjrt
+
+    monkeypatch.setattr(pjrt.get(), "has_lapack", False)
+    a = torch.randn(6, 6).to(TPU)  # a shape no other test compiled
+    with pytest.raises(NotImplementedError, match="needs LAPACK"):
+        torch.linalg.inv(a)
+
+
+def test_float64_result_matches_numpy_lapack():
+    a = torch.randn(6, 6, dtype=F64)
+    assert_close(torch.linalg.inv(a.to(TPU)), torch.linalg.inv(a))
