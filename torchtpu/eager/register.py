@@ -113,8 +113,24 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
     return aten._native_batch_norm_legit_no_training.default(input, weight, bias, running_mean, running_var, momentum, eps)
 
 
+def _lu_layout_kernel(name: str) -> Any:
+    """_linalg_det/_linalg_slogdet return an LU whose layout depends on A's strides (see
+    lowering/rules/linalg.py); a rule cannot see strides, this kernel can."""
+
+    def kernel(A: torch.Tensor) -> Any:  # noqa: N803 - schema name
+        from ..lowering.rules.linalg import lu_layout_kernel
+
+        return lu_layout_kernel(name, A)
+
+    return kernel
+
+
 # Ops whose tpu kernel is another op (registered after the generic kernels).
-_REMAPS = {"native_batch_norm": _native_batch_norm}
+_REMAPS = {
+    "native_batch_norm": _native_batch_norm,
+    "_linalg_det": _lu_layout_kernel("_linalg_det"),
+    "_linalg_slogdet": _lu_layout_kernel("_linalg_slogdet"),
+}
 
 
 def ensure_op_kernels() -> None:
@@ -138,5 +154,8 @@ def ensure_op_kernels() -> None:
             for op, fn in host_kernels().items():  # data-dependent shapes: sync with the host
                 lib.impl(op, fn, "PrivateUse1")
                 REGISTERED_OPS.add(op)
+            from ..lowering.rules.attention import register_kernels as attention_kernels
+
+            _libs.extend(attention_kernels())  # fused scaled_dot_product_attention (+ its own ops)
         _libs.append(lib)
         _ops_registered = True

@@ -1,5 +1,5 @@
 """Eager kernels for ops whose output shape depends on tensor values (nonzero,
-masked_select, bool-mask indexing). They sync to the host for the data-dependent part
+masked_select, bool-mask indexing, unique and unique_consecutive). They sync to the host for the data-dependent part
 (the positions of the True elements) and run everything else as ordinary device programs.
 
 Register ``kernels()`` for the PrivateUse1 key after the generic op kernels (or exclude
@@ -80,6 +80,26 @@ def masked_select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return index(xb, [mb])
 
 
+def _on_host(op: Any) -> Any:
+    """A kernel that runs ``op`` on a host copy of its tensor input and moves every result
+    back: the output sizes (number of unique values) are only known after looking at the
+    data, so the whole op runs where the data already has to be."""
+
+    def kernel(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        from .minimal import from_cpu, to_cpu
+
+        out = op(to_cpu(x), *args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            return from_cpu(out)
+        return tuple(from_cpu(t) for t in out)
+
+    kernel.__name__ = f"tpu_host_{op.name()}"
+    return kernel
+
+
+_UNIQUE_OPS = (aten._unique.default, aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default, aten.unique_dim_consecutive.default)
+
+
 def kernels() -> dict[Any, Any]:
     return {
         aten.nonzero.default: nonzero,
@@ -88,4 +108,5 @@ def kernels() -> dict[Any, Any]:
         aten.index_put_.default: _index_put_kernel(aten.index_put_.default),
         aten.index_put.default: _index_put_kernel(aten.index_put.default),
         aten._index_put_impl_.default: _index_put_kernel(aten._index_put_impl_.default),
+        **{op: _on_host(op) for op in _UNIQUE_OPS},
     }

@@ -1,0 +1,285 @@
+"""scaled_dot_product_attention as ONE fused program forward and ONE backward.
+
+PyTorch picks an SDPA backend for a device through a C++ dispatch stub that Python
+cannot fill for PrivateUse1, so without help ``F.scaled_dot_product_attention`` on tpu
+runs the math backend: ~10 separate eager ops. Instead we override
+``aten::scaled_dot_product_attention`` for our keys (``AutogradPrivateUse1`` and
+``PrivateUse1``) with a kernel whose autograd Function calls two ops of our own,
+``torchtpu::sdpa_forward`` -> (out, logsumexp) and ``torchtpu::sdpa_backward``, each
+lowered here as one program (the backward recomputes the probabilities from the saved
+logsumexp, as flash attention does). Masks (bool or additive float, broadcastable, with
+a gradient for a float mask), ``is_causal`` (top-left aligned, as PyTorch), ``scale``
+and grouped-query attention (``enable_gqa``) are fused; ``dropout_p > 0`` runs PyTorch's
+math decomposition instead. Also here: ``aten._safe_softmax`` (the math backend's
+softmax, whose fully masked rows give zeros).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ...stablehlo.builder import Value
+from ..context import NodeLowering
+from ..registry import register
+
+aten = torch.ops.aten
+
+_DEF = torch.library.Library("torchtpu", "FRAGMENT")
+_DEF.define(
+    "sdpa_forward(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, bool is_causal, float? scale) -> (Tensor, Tensor)"
+)
+_DEF.define(
+    "sdpa_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor? attn_mask, Tensor out, "
+    "Tensor logsumexp, bool is_causal, float? scale, bool mask_grad) -> (Tensor, Tensor, Tensor, Tensor)"
+)
+
+
+def _fwd_meta(q, k, v, mask, is_causal, scale):  # noqa: ANN001, ANN202
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _bwd_meta(g, q, k, v, mask, out, lse, is_causal, scale, mask_grad):  # noqa: ANN001, ANN202
+    dmask = mask.new_empty(mask.shape) if mask_grad else q.new_empty((0,))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask
+
+
+_DEF.impl("sdpa_forward", _fwd_meta, "Meta")
+_DEF.impl("sdpa_backward", _bwd_meta, "Meta")
+
+SDPA_FORWARD = torch.ops.torchtpu.sdpa_forward.default
+SDPA_BACKWARD = torch.ops.torchtpu.sdpa_backward.default
+
+_NEG_INF = -math.inf
+
+
+# -- the shared math ---------------------------------------------------------------------------
+class _Geometry:
+    """Batch dims ``N`` (all but the last two), query heads vs key/value heads (GQA)."""
+
+    def __init__(self, q: Value, k: Value):
+        self.nb = q.rank - 2
+        self.L, self.S = q.shape[-2], k.shape[-2]
+        self.batch = q.shape[:-2]
+        self.groups = 1
+        if q.rank >= 3 and q.shape[-3] != k.shape[-3]:
+            self.groups = q.shape[-3] // k.shape[-3]
+
+    def dims(self) -> list[int]:
+        return list(range(self.nb))
+
+
+def _expand_heads(L: NodeLowering, x: Value, groups: int) -> Value:
+    """(…, Hk, S, E) -> (…, Hk*groups, S, E): query head h reads key/value head h // groups."""
+    if groups == 1:
+        return x
+    *lead, hk, s, e = x.shape
+    y = L.b.broadcast_in_dim(x, (*lead, hk, groups, s, e), [*range(len(lead)), len(lead), len(lead) + 2, len(lead) + 3])
+    return L.b.reshape(y, (*lead, hk * groups, s, e))
+
+
+def _reduce_heads(L: NodeLowering, x: Value, groups: int) -> Value:
+    if groups == 1:
+        return x
+    *lead, h, s, e = x.shape
+    y = L.b.reshape(x, (*lead, h // groups, groups, s, e))
+    return L.b.reduce([y], [L.b.constant(0, y.dtype)], [len(lead) + 1], lambda a, c: [L.b.binary("add", a, c)])[0]
+
+
+def _dot(L: NodeLowering, a: Value, b: Value, ca: int, cb: int, nb: int) -> Value:
+    batch = list(range(nb))
+    return L.b.dot_general(a, b, [ca], [cb], batch, batch, out_dtype=torch.float32, precision=L.ctx.precision)
+
+
+def _scale_value(L: NodeLowering, scale: Any, head_dim: int) -> Value:
+    if scale is None:
+        return L.b.constant(1.0 / math.sqrt(head_dim), torch.float32)
+    return L.scalar(scale, torch.float32)
+
+
+def _scores(L: NodeLowering, g: _Geometry, q: Value, k: Value, mask: Value | None, is_causal: bool, scale: Any) -> Value:
+    """Scaled, masked scores (*N, L, S) in float32 (masked entries are -inf)."""
+    b = L.b
+    s = _dot(L, q, k, g.nb + 1, g.nb + 1, g.nb)
+    s = b.binary("multiply", s, L.broadcast_to(_scale_value(L, scale, q.shape[-1]), s.shape))
+    neg_inf = L.full(_NEG_INF, s.shape, torch.float32)
+    if is_causal:
+        rows = b.iota((g.L, g.S), 0, torch.int64)
+        cols = b.iota((g.L, g.S), 1, torch.int64)
+        allowed = L.broadcast_to(b.compare(cols, rows, "LE"), s.shape)
+        s = b.select(allowed, s, neg_inf)
+    if mask is not None:
+        if mask.dtype is torch.bool:
+            s = b.select(L.broadcast_to(mask, s.shape), s, neg_inf)
+        else:
+            s = b.binary("add", s, L.broadcast_to(L.to(mask, torch.float32), s.shape))
+    return s
+
+
+def _row_reduce(L: NodeLowering, x: Value, name: str, init: float) -> Value:
+    b = L.b
+    return b.reduce([x], [b.constant(init, x.dtype)], [x.rank - 1], lambda a, c: [b.binary(name, a, c)])[0]
+
+
+def _bcast_rows(L: NodeLowering, r: Value, shape: tuple[int, ...]) -> Value:
+    return L.b.broadcast_in_dim(r, shape, list(range(r.rank)))
+
+
+def safe_softmax(L: NodeLowering, s: Value) -> tuple[Value, Value]:
+    """Softmax over the last dim and its logsumexp; a row of -inf gives zeros (lse -inf)."""
+    b = L.b
+    m = _row_reduce(L, s, "maximum", _NEG_INF)
+    dead = b.compare(m, L.full(_NEG_INF, m.shape, m.dtype), "EQ")
+    m = b.select(dead, L.zeros(m.shape, m.dtype), m)
+    e = b.unary("exponential", b.binary("subtract", s, _bcast_rows(L, m, s.shape)))
+    total = _row_reduce(L, e, "add", 0.0)
+    safe_total = b.select(dead, L.full(1.0, total.shape, total.dtype), total)
+    p = b.binary("divide", e, _bcast_rows(L, safe_total, s.shape))
+    lse = b.binary("add", m, b.unary("log", total))
+    return p, lse
+
+
+# -- rules -----------------------------------------------------------------------------------------
+@register(SDPA_FORWARD)
+def sdpa_forward(L: NodeLowering, q: Value, k: Value, v: Value, mask: Value | None, is_causal: bool, scale: Any) -> tuple[Value, Value]:
+    g = _Geometry(q, k)
+    k, v = _expand_heads(L, k, g.groups), _expand_heads(L, v, g.groups)
+    p, lse = safe_softmax(L, _scores(L, g, q, k, mask, is_causal, scale))
+    out = _dot(L, p, L.to(v, torch.float32), g.nb + 1, g.nb, g.nb)
+    return L.to(out, q.dtype), lse
+
+
+@register(SDPA_BACKWARD)
+def sdpa_backward(
+    L: NodeLowering, dout: Value, q: Value, k: Value, v: Value, mask: Value | None, out: Value, lse: Value,
+    is_causal: bool, scale: Any, mask_grad: bool,
+) -> tuple[Value, Value, Value, Value]:
+    b = L.b
+    g = _Geometry(q, k)
+    ke, ve = _expand_heads(L, k, g.groups), _expand_heads(L, v, g.groups)
+    s = _scores(L, g, q, ke, mask, is_causal, scale)
+    dead = _bcast_rows(L, b.compare(lse, L.full(_NEG_INF, lse.shape, lse.dtype), "EQ"), s.shape)
+    p = b.unary("exponential", b.binary("subtract", s, _bcast_rows(L, lse, s.shape)))
+    p = b.select(dead, L.zeros(s.shape, s.dtype), p)
+    do32 = L.to(dout, torch.float32)
+    dv = _dot(L, p, do32, g.nb, g.nb, g.nb)  # (*N, S, Ev)
+    dp = _dot(L, do32, L.to(ve, torch.float32), g.nb + 1, g.nb + 1, g.nb)  # (*N, L, S)
+    rowdot = _row_reduce(L, b.binary("multiply", do32, L.to(out, torch.float32)), "add", 0.0)
+    ds = b.binary("multiply", p, b.binary("subtract", dp, _bcast_rows(L, rowdot, dp.shape)))
+    sc = _scale_value(L, scale, q.shape[-1])
+    dq = _dot(L, ds, L.to(ke, torch.float32), g.nb + 1, g.nb, g.nb)
+    dk = _dot(L, ds, L.to(q, torch.float32), g.nb, g.nb, g.nb)
+    dq = b.binary("multiply", dq, L.broadcast_to(sc, dq.shape))
+    dk = b.binary("multiply", dk, L.broadcast_to(sc, dk.shape))
+    dk, dv = _reduce_heads(L, dk, g.groups), _reduce_heads(L, dv, g.groups)
+    if mask_grad and mask is not None:
+        dmask = L.to(_sum_to(L, ds, mask.shape), mask.dtype)
+    else:
+        dmask = L.zeros((0,), q.dtype)
+    return L.to(dq, q.dtype), L.to(dk, k.dtype), L.to(dv, v.dtype), dmask
+
+
+def _sum_to(L: NodeLowering, x: Value, shape: tuple[int, ...]) -> Value:
+    """Reduce a broadcast result back to ``shape`` (the gradient of broadcasting)."""
+    lead = x.rank - len(shape)
+    dims = list(range(lead)) + [lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1]
+    if dims:
+        x = L.b.reduce([x], [L.b.constant(0, x.dtype)], dims, lambda a, c: [L.b.binary("add", a, c)])[0]
+    return L.b.reshape(x, shape)
+
+
+@register(aten._safe_softmax.default)
+def _safe_softmax(L: NodeLowering, x: Value, dim: int, dtype: torch.dtype | None = None) -> Value:
+    out = L.out[0].dtype
+    work = torch.float32 if out in (torch.float16, torch.bfloat16) else out
+    dim %= max(1, x.rank)
+    if x.rank == 0:
+        return L.full(1.0, (), out)
+    perm = [d for d in range(x.rank) if d != dim] + [dim]
+    inv = sorted(range(x.rank), key=lambda i: perm[i])
+    p, _ = safe_softmax(L, L.b.transpose(L.to(x, work), perm))
+    return L.to(L.b.transpose(p, inv), out)
+
+
+# -- the dispatcher kernel for aten::scaled_dot_product_attention -------------------------------
+class _SDPA(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, scale: float | None) -> torch.Tensor:  # noqa: ANN401
+        out, lse = torch.ops.torchtpu.sdpa_forward(q, k, v, mask, is_causal, scale)
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # noqa: ANN401
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        mask_grad = mask is not None and ctx.needs_input_grad[3]
+        dq, dk, dv, dmask = torch.ops.torchtpu.sdpa_backward(grad, q, k, v, mask, out, lse, ctx.is_causal, ctx.scale, mask_grad)
+        return dq, dk, dv, (dmask if mask_grad else None), None, None
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, enable_gqa: bool) -> None:
+    if not (q.dtype == k.dtype == v.dtype):
+        raise RuntimeError(
+            f"scaled_dot_product_attention: expected query, key and value to have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
+        raise RuntimeError("scaled_dot_product_attention: query, key and value must have the same rank (at least 2)")
+    if q.dim() >= 3 and q.shape[-3] != k.shape[-3]:
+        if not enable_gqa or q.shape[-3] % k.shape[-3] or k.shape[-3] != v.shape[-3]:
+            raise RuntimeError(
+                f"scaled_dot_product_attention: query has {q.shape[-3]} heads and key/value {k.shape[-3]}/{v.shape[-3]}; "
+                "pass enable_gqa=True with a query head count divisible by the key/value head count"
+            )
+    if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+        raise RuntimeError(f"scaled_dot_product_attention: expected attn_mask dtype to be bool or {q.dtype}, got {mask.dtype}")
+
+
+def _common_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Broadcast batch dims (all but heads/seq/feature) like the math backend's matmul."""
+    if q.dim() <= 3:
+        return q, k, v
+    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    return (t.expand(*batch, *t.shape[-3:]) if t.shape[:-3] != batch else t for t in (q, k, v))  # type: ignore[return-value]
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """The tpu kernel of ``aten::scaled_dot_product_attention``."""
+    if dropout_p > 0.0:
+        return aten._scaled_dot_product_attention_math.default(
+            query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
+        )[0]
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("scaled_dot_product_attention: explicit attn_mask should not be set when is_causal=True")
+    _check(query, key, value, attn_mask, enable_gqa)
+    query, key, value = _common_batch(query, key, value)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, attn_mask)):
+        return _SDPA.apply(query, key, value, attn_mask, is_causal, scale)
+    return torch.ops.torchtpu.sdpa_forward(query, key, value, attn_mask, is_causal, scale)[0]
+
+
+def register_kernels() -> list[torch.library.Library]:
+    """Dispatcher kernels: our two ops on the tpu key, and the sdpa override (called from
+    ``eager.register.ensure_op_kernels`` once the generic kernels are in place)."""
+    from ...eager.register import _make_kernel
+
+    ours = torch.library.Library("torchtpu", "IMPL")
+    for name, op in (("sdpa_forward", SDPA_FORWARD), ("sdpa_backward", SDPA_BACKWARD)):
+        ours.impl(name, _make_kernel(op), "PrivateUse1")
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("scaled_dot_product_attention", scaled_dot_product_attention, "AutogradPrivateUse1")
+    lib.impl("scaled_dot_product_attention", scaled_dot_product_attention, "PrivateUse1")
+    return [ours, lib]
