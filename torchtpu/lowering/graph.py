@@ -38,7 +38,30 @@ def _constant(ctx: ProgramContext, t: torch.Tensor) -> Value:
     return ctx.b.constant_array(t.cpu().numpy(), t.dtype)
 
 
-def lower_graph(ctx: ProgramContext, gm: torch.fx.GraphModule, inputs: Sequence[Any], context_op: Any = None) -> Any:
+class GraphHooks:
+    """Optional behaviour of ``lower_graph`` for whole-program graphs (torch.compile).
+
+    ``node(ctx, node, args, kwargs)`` may lower a node itself and return
+    ``(True, value)``; ``(False, None)`` lets the registry lower it. ``use_meta`` False
+    makes every node infer its output shapes from the concrete input Values (graphs traced
+    with symbolic shapes).
+    """
+
+    use_meta = True
+
+    def node(self, ctx: ProgramContext, node: torch.fx.Node, args: Any, kwargs: Any) -> tuple[bool, Any]:
+        return False, None
+
+
+def lower_graph(
+    ctx: ProgramContext,
+    gm: torch.fx.GraphModule,
+    inputs: Sequence[Any],
+    context_op: Any = None,
+    hooks: GraphHooks | None = None,
+) -> Any:
+    """Interpret the ATen FX graph ``gm`` into the builder; returns the output structure
+    with Values in place of tensors. ``inputs`` fill the placeholders in order."""
     env: dict[torch.fx.Node, Any] = {}
     inputs = list(inputs)
     placeholder = 0
@@ -57,12 +80,20 @@ def lower_graph(ctx: ProgramContext, gm: torch.fx.GraphModule, inputs: Sequence[
             if node.target is operator.getitem:
                 env[node] = args[0][args[1]]
                 continue
+            if hooks is not None:
+                done, value = hooks.node(ctx, node, args, kwargs)
+                if done:
+                    env[node] = value
+                    continue
+            meta = node.meta.get("val") if hooks is None or hooks.use_meta else None
             try:
-                env[node] = lower_call(ctx, node.target, args, kwargs, node.meta.get("val"))
+                env[node] = lower_call(ctx, node.target, args, kwargs, meta)
             except NotImplementedError as e:
                 if context_op is None or "needed by" in str(e):
                     raise
                 raise not_implemented(op_name(node.target), f"needed by the decomposition of '{op_name(context_op)}'") from e
         elif node.op == "output":
             return load(node.args[0])
+        else:
+            raise NotImplementedError(f"torchtpu: FX node kind {node.op!r} ({node.target}) is not supported in a lowered graph")
     raise AssertionError("graph without output")

@@ -1,0 +1,337 @@
+"""torch.compile(backend="tpu"): compiled vs eager vs CPU, mutations, RNG, breaks, counts, precision."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchtpu
+from tests.utils import TPU, assert_close
+
+torch._dynamo.config.cache_size_limit = 64
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def compiles() -> int:
+    return torchtpu.metrics.snapshot()["compiles"]
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def test_backend_is_registered() -> None:
+    assert "tpu" in torch._dynamo.list_backends()
+
+
+def test_mlp_forward_backward_matches_cpu() -> None:
+    cpu = mlp()
+    dev = copy.deepcopy(cpu).to(TPU)
+    cmodel = torch.compile(dev, backend="tpu")
+    x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+    loss_c = F.cross_entropy(cpu(x), y)
+    loss_c.backward()
+    loss_t = F.cross_entropy(cmodel(x.to(TPU)), y.to(TPU))
+    loss_t.backward()
+    assert_close(loss_t, loss_c)
+    for pc, pt in zip(cpu.parameters(), dev.parameters()):
+        assert_close(pt.grad, pc.grad)
+
+
+def test_mlp_training_steps_compiles_stop_growing() -> None:
+    cpu = mlp()
+    dev = copy.deepcopy(cpu).to(TPU)
+    cmodel = torch.compile(dev, backend="tpu")
+    opt_c = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    opt_t = torch.optim.SGD(dev.parameters(), lr=0.1)
+    x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+    xt, yt = x.to(TPU), y.to(TPU)
+    counts = []
+    for _ in range(5):
+        opt_c.zero_grad()
+        F.cross_entropy(cpu(x), y).backward()
+        opt_c.step()
+        opt_t.zero_grad()
+        loss = F.cross_entropy(cmodel(xt), yt)
+        loss.backward()
+        opt_t.step()
+        counts.append(compiles())
+    assert counts[-1] == counts[1], f"compiles grew after step 2: {counts}"
+    for pc, pt in zip(cpu.parameters(), dev.parameters()):
+        assert_close(pt, pc)
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.drop = nn.Dropout(p)
+        self.fc = nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
+        return self.fc(self.drop(x.flatten(1)))
+
+
+def test_cnn_batchnorm_matches_cpu_and_writes_running_stats() -> None:
+    torch.manual_seed(0)
+    cpu = SmallCNN(p=0.0)
+    dev = copy.deepcopy(cpu).to(TPU)
+    cmodel = torch.compile(dev, backend="tpu")
+    x = torch.randn(4, 3, 8, 8)
+    for _ in range(2):
+        out_c = cpu(x)
+        out_t = cmodel(x.to(TPU))
+        out_c.sum().backward()
+        out_t.sum().backward()
+    assert_close(out_t, out_c)
+    assert_close(dev.bn.running_mean, cpu.bn.running_mean)
+    assert_close(dev.bn.running_var, cpu.bn.running_var)
+    assert int(dev.bn.num_batches_tracked.item()) == 2
+    assert_close(dev.conv.weight.grad, cpu.conv.weight.grad)
+    cpu.eval()
+    dev.eval()
+    assert_close(cmodel(x.to(TPU)), cpu(x))
+
+
+def test_dropout_matches_eager_under_same_seed() -> None:
+    torch.manual_seed(0)
+    base = SmallCNN(p=0.5)  # deepcopy on the CPU: copy.deepcopy of a tpu buffer crashes (reported)
+    eager, compiled = copy.deepcopy(base).to(TPU), copy.deepcopy(base).to(TPU)
+    cmodel = torch.compile(compiled, backend="tpu")
+    x = torch.randn(4, 3, 8, 8).to(TPU)
+    torch.tpu.manual_seed(123)
+    outs_e = [eager(x) for _ in range(2)]  # the second call checks that the RNG counter moved on alike
+    state_e = torch.tpu.get_rng_state()
+    torch.tpu.manual_seed(123)
+    outs_c = [cmodel(x) for _ in range(2)]
+    assert torch.equal(torch.tpu.get_rng_state(), state_e)
+    assert_close(outs_c, outs_e)
+    assert not torch.equal(outs_c[0].cpu(), outs_c[1].cpu())
+    sum(outs_e).sum().backward()
+    sum(outs_c).sum().backward()
+    assert_close(compiled.conv.weight.grad, eager.conv.weight.grad)
+
+
+def test_graph_breaks_run_as_several_programs() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = torch.sin(x) * 2
+        print("graph break", end="")  # Dynamo breaks the graph here
+        s = float(y.sum().item())  # and here (data-dependent Python value)
+        return torch.cos(y) + s
+
+    x = torch.randn(8, 8)
+    before = torchtpu.metrics.snapshot().get("compiled_graphs", 0)
+    out = torch.compile(fn, backend="tpu")(x.to(TPU))
+    assert torchtpu.metrics.snapshot()["compiled_graphs"] - before >= 2
+    assert_close(out, fn(x))
+
+
+@pytest.mark.parametrize("guard", [torch.no_grad, torch.inference_mode])
+def test_no_grad_and_inference_mode(guard) -> None:
+    cpu = mlp()
+    dev = copy.deepcopy(cpu).to(TPU)
+    x = torch.randn(8, 32)
+    with guard():
+        out = torch.compile(dev, backend="tpu")(x.to(TPU))
+        expected = cpu(x)
+    assert_close(out, expected)
+
+
+def test_input_mutation_is_written_back_and_donated() -> None:
+    def fn(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        buf.mul_(0.5).add_(x)
+        x[0].zero_()  # mutation through a view
+        return buf.sum()
+
+    x, buf = torch.randn(4, 6), torch.randn(4, 6)
+    xc, bc = x.clone(), buf.clone()
+    xt, bt = x.to(TPU), buf.to(TPU)
+    view = bt[1:]  # an alias sees the new value
+    cfn = torch.compile(fn, backend="tpu")
+    for _ in range(3):
+        expected = fn(xc, bc)
+        out = cfn(xt, bt)
+        assert_close(out, expected)
+    assert_close(xt, xc)
+    assert_close(bt, bc)
+    assert_close(view, bc[1:])
+    prog = _programs_with_mutations()
+    assert prog and all("tf.aliasing_output" in p.text for p in prog)
+
+
+def _programs_with_mutations() -> list:
+    from torchtpu.compile.fx_lowering import GRAPHS
+
+    return [p for g in list(GRAPHS) for p in g.programs.values() if p.updates]
+
+
+def test_training_step_does_not_double_memory() -> None:
+    model = mlp().to(TPU)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(16, 32).to(TPU), torch.randint(0, 10, (16,)).to(TPU)
+
+    @torch.compile(backend="tpu")
+    def opt_step() -> None:
+        opt.step()
+
+    for _ in range(3):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt_step()
+    torch.tpu.synchronize()
+    steady = torch.tpu.memory_allocated()
+    for _ in range(2):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt_step()
+    torch.tpu.synchronize()
+    assert torch.tpu.memory_allocated() == steady
+
+
+def test_whole_training_step_compiled_matches_cpu() -> None:
+    cpu = mlp()
+    dev = copy.deepcopy(cpu).to(TPU)
+    opt_c = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
+    opt_t = torch.optim.AdamW(dev.parameters(), lr=1e-2)
+
+    def step(model, opt, x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    cstep = torch.compile(step, backend="tpu")
+    x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+    counts = []
+    for _ in range(4):
+        lc = step(cpu, opt_c, x, y)
+        lt = cstep(dev, opt_t, x.to(TPU), y.to(TPU))
+        assert_close(lt, lc)
+        counts.append(compiles())
+    assert counts[-1] == counts[1]
+    for pc, pt in zip(cpu.parameters(), dev.parameters()):
+        assert_close(pt, pc)
+
+
+def test_functional_whole_step_is_one_program() -> None:
+    cpu = mlp()
+    dev = copy.deepcopy(cpu).to(TPU)
+    params = {k: v.detach() for k, v in dev.named_parameters()}
+
+    def loss_fn(p, x, y):
+        return F.cross_entropy(torch.func.functional_call(dev, p, (x,)), y)
+
+    def step(p, x, y):
+        grads, loss = torch.func.grad_and_value(loss_fn)(p, x, y)
+        return {k: p[k] - 0.1 * grads[k] for k in p}, loss
+
+    cstep = torch.compile(step, backend="tpu", fullgraph=True)
+    x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+    opt = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    before = torchtpu.metrics.snapshot().get("compiled_graphs", 0)
+    for _ in range(3):
+        opt.zero_grad()
+        lc = F.cross_entropy(cpu(x), y)
+        lc.backward()
+        opt.step()
+        params, lt = cstep(params, x.to(TPU), y.to(TPU))
+        assert_close(lt, lc)
+    assert torchtpu.metrics.snapshot()["compiled_graphs"] - before == 1
+    for name, pc in cpu.named_parameters():
+        assert_close(params[name], pc)
+
+
+@pytest.mark.parametrize("mode,expected", [("medium", "DEFAULT"), ("high", "HIGH"), ("highest", "HIGHEST")])
+def test_precision_is_part_of_the_program_key(mode: str, expected: str) -> None:
+    from torchtpu.compile.fx_lowering import CompiledGraph
+
+    seen: list[CompiledGraph] = []
+    import torchtpu.compile.backend as backend
+
+    orig = backend.CompiledGraph
+
+    def recording(*a, **k):
+        g = orig(*a, **k)
+        seen.append(g)
+        return g
+
+    backend.CompiledGraph = recording
+    try:
+        fn = torch.compile(lambda a, b: (a @ b).relu(), backend="tpu")
+        a, b = torch.randn(8, 8).to(TPU), torch.randn(8, 8).to(TPU)
+        with torch.tpu.precision("medium"):
+            fn(a, b)
+        with torch.tpu.precision(mode):
+            out = fn(a, b)
+    finally:
+        backend.CompiledGraph = orig
+    assert_close(out, (a.cpu() @ b.cpu()).relu())
+    texts = [p.text for g in seen for k, p in g.programs.items() if k[-1] == expected]
+    assert texts and all(f"precision_config = [#stablehlo<precision {expected}>" in t for t in texts), texts
+
+
+def test_recompile_is_explained(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("TORCHTPU_LOG_RECOMPILES", "1")
+    fn = torch.compile(lambda a, b: a @ b, backend="tpu")
+    a, b = torch.randn(8, 8).to(TPU), torch.randn(8, 8).to(TPU)
+    fn(a, b)
+    with torch.tpu.precision("highest"):
+        fn(a, b)
+    err = capsys.readouterr().err
+    assert "recompiling" in err and "precision DEFAULT -> HIGHEST" in err
+
+
+def test_dump_dir_writes_stablehlo_and_fx(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TORCHTPU_DUMP_DIR", str(tmp_path))
+    fn = torch.compile(lambda a: torch.tanh(a) * 3, backend="tpu")
+    fn(torch.randn(5).to(TPU))
+    files = sorted(os.listdir(tmp_path))
+    mlir = [f for f in files if f.endswith(".stablehlo.mlir")]
+    fx = [f for f in files if f.endswith(".fx.py")]
+    assert mlir and fx
+    assert "stablehlo.tanh" in (tmp_path / mlir[0]).read_text()
+    assert "aten.tanh" in (tmp_path / fx[0]).read_text()
+
+
+def test_cpu_compile_still_uses_inductor(monkeypatch) -> None:
+    """Installing torchtpu changes nothing for CPU models: the default backend stays inductor
+    (spied on here, so the test does not pay for inductor's C++ build; see the slow test)."""
+    import torch._inductor.compile_fx as cfx
+
+    seen = []
+
+    def spy(gm, example_inputs, **kwargs):
+        seen.append([t.device.type for t in example_inputs if isinstance(t, torch.Tensor)])
+        return gm.forward
+
+    monkeypatch.setattr(cfx, "compile_fx", spy)
+    before = torchtpu.metrics.snapshot().get("compiled_graphs", 0)
+    fn = torch.compile(lambda a: torch.sin(a) + 1)
+    x = torch.randn(16)
+    assert_close(fn(x), torch.sin(x) + 1)
+    assert seen == [["cpu"]]
+    assert torchtpu.metrics.snapshot().get("compiled_graphs", 0) == before
+
+
+@pytest.mark.slow
+def test_cpu_compile_with_real_inductor() -> None:
+    before = torchtpu.metrics.snapshot().get("compiled_graphs", 0)
+    fn = torch.compile(lambda a: torch.sin(a) + 1)
+    x = torch.randn(16)
+    assert_close(fn(x), torch.sin(x) + 1)
+    assert torchtpu.metrics.snapshot().get("compiled_graphs", 0) == before

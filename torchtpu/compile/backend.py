@@ -1,0 +1,108 @@
+"""The torch.compile backend "tpu": Dynamo graph -> AOTAutograd -> ATen FX graphs -> XLA programs.
+
+Registered through the ``torch_dynamo_backends`` entry point (pyproject.toml), so
+``torch.compile(model, backend="tpu")`` finds it; the default backend (inductor) and
+every other device are left alone.
+
+AOTAutograd functionalizes the graph, splits training graphs into forward and backward
+with the min-cut rematerialization partitioner, and hands each graph to a compiler below;
+graphs that need no gradient (``torch.no_grad``, ``torch.inference_mode``, a whole
+functional training step) arrive through the inference compiler. Input mutations stay
+in the graphs as ``copy_`` into their inputs (``keep_inference_input_mutations``) and are
+written back by the program itself (see fx_lowering.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .. import metrics
+from ..errors import TpuError
+from .fx_lowering import CompiledGraph
+
+_graph_ids = itertools.count()
+
+
+def _skip_our_frames() -> None:
+    """Dynamo must not trace torchtpu's own Python (the kernels behind tpu ops run when a
+    graph break executes ops eagerly); it treats them like torch's internals."""
+    import torch._dynamo.trace_rules as trace_rules
+
+    trace_rules.add("torchtpu")
+
+
+_skip_our_frames()
+KNOWN_OPTIONS = ("bounded_dynamism", "max_size")
+
+
+def _decompositions() -> dict:
+    """Decompose at trace time every op that has no lowering rule (the same table the
+    eager path uses when it traces a decomposition)."""
+    from ..lowering import registry
+    from ..lowering.decomp import tracing_table
+
+    registry._load_rules()
+    return tracing_table()
+
+
+def _compiler(kind: str, bounded: bool, max_size: int | None) -> Callable[[torch.fx.GraphModule, Sequence[Any]], CompiledGraph]:
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+        _reject_collectives(gm)
+        metrics.add("compiled_graphs")
+        name = f"{kind}{next(_graph_ids)}"
+        return CompiledGraph(gm, name, dynamic=_has_symbols(example_inputs), bounded=bounded, max_size=max_size)
+
+    return compile_graph
+
+
+def _has_symbols(example_inputs: Sequence[Any]) -> bool:
+    from torch.fx.experimental.symbolic_shapes import has_free_symbols
+
+    return any(isinstance(x, (torch.SymInt, torch.SymFloat)) or (isinstance(x, torch.Tensor) and has_free_symbols(x)) for x in example_inputs)
+
+
+def _reject_collectives(gm: torch.fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "_c10d_functional" in str(node.target):
+            raise NotImplementedError(
+                f"torchtpu: the compiled graph contains the functional collective {node.target}; collectives inside "
+                "torch.compile(backend='tpu') graphs are not supported yet. Run the collective outside the compiled "
+                "function (e.g. torch._dynamo.disable on it), or compile only the per-device computation."
+            )
+
+
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None, mode: str | None = None) -> Callable:
+    """The "tpu" backend: ``torch.compile(model, backend="tpu", options={...})``.
+
+    options: ``bounded_dynamism`` (bool) runs dynamic dimensions through a small set of
+    padded power-of-two bucket programs (see torchtpu.compile.dynamic), ``max_size`` (int)
+    bounds every dynamic dimension for it.
+    """
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from .dynamic import _marked, check_dynamic
+
+    options = dict(options or {})
+    unknown = set(options) - set(KNOWN_OPTIONS)
+    if unknown:
+        raise TpuError(f"torchtpu: unknown torch.compile option(s) {sorted(unknown)} for backend 'tpu'; known: {list(KNOWN_OPTIONS)}")
+    check_dynamic(gm, example_inputs, options)
+    # bucket dynamic dims when asked (options, dynamic=True with a bound, or mark_dynamic);
+    # automatic dynamic shapes (a second size seen by Dynamo) run at exact shapes
+    explicit = not torch._dynamo.config.assume_static_by_default
+    bounded = bool(options.get("bounded_dynamism") or "max_size" in options or explicit or _marked[0])
+    max_size = options.get("max_size")
+    compile_aot = aot_autograd(
+        fw_compiler=_compiler("forward", bounded, max_size),
+        bw_compiler=_compiler("backward", bounded, max_size),
+        inference_compiler=_compiler("inference", bounded, max_size),
+        partition_fn=min_cut_rematerialization_partition,
+        decompositions=_decompositions(),
+        keep_inference_input_mutations=True,
+    )
+    return compile_aot(gm, example_inputs)

@@ -1,0 +1,211 @@
+"""Bounded dynamism for compiled graphs: many lengths, a few programs.
+
+A dimension marked dynamic (``torchtpu.mark_dynamic(t, dim, max_size)``, or every dynamic
+dimension under ``torch.compile(..., dynamic=True, options={"max_size": N})`` /
+``options={"bounded_dynamism": True, "max_size": N}``) reaches the backend as a symbol.
+At each call its length ``n`` is rounded up to a bucket (powers of two, at most the
+bound); the program of that bucket is built once. Inside it, each dynamic input dimension
+is marked with ``stablehlo.set_dimension_size(x, n)`` (``n`` an i32 operand), so XLA
+masks reductions, matmuls and softmax over the padding itself and the results equal the
+unpadded computation. Outputs are made static again (a gather with static indices along
+each dynamic dimension) and handed back as views of their first ``n`` rows.
+
+Limits, checked before a graph is bucketed (otherwise it runs at exact shapes, one program
+per length, with a warning): only ops known to be exact under XLA's masking (see
+``PADDING_SAFE``) — e.g. ``mean`` divides by a size baked into the program, and
+``reduce_window`` over a bounded dim is an XLA bug; no input mutations; every dynamic
+dimension is one plain symbol, and no node folds it into another dimension (a reshape of
+(b, n, d) to (b*n, d) — what ``linear`` on a 3-d input does — gives wrong masks, measured),
+so today bucketing serves graphs whose dynamic dim stays its own dimension (e.g. 1-d
+token sequences through embedding, 2-d linear layers, attention, softmax, sums). Padding a dynamic input goes through the host (one
+transfer each way), as inputs of varying length usually come from there.
+
+Eager mode: ops on a ``mark_dynamic`` tensor outside torch.compile run at exact shapes.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import TpuError
+
+aten = torch.ops.aten
+BOUNDS_ATTR = "_torchtpu_bounds"
+_marked = [False]
+
+# op packets whose results do not change when a dynamic dimension is padded and masked by XLA
+PADDING_SAFE = {
+    # elementwise and activations
+    "add", "sub", "mul", "div", "neg", "exp", "log", "tanh", "sigmoid", "relu", "gelu", "silu", "pow", "sqrt",
+    "rsqrt", "abs", "where", "maximum", "minimum", "clamp", "erf", "reciprocal", "_to_copy", "clone", "copy",
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or", "bitwise_and", "masked_fill",
+    "scalar_tensor", "full", "zeros", "ones", "arange", "iota", "full_like", "zeros_like", "ones_like", "detach",
+    "alias", "lift_fresh_copy", "threshold_backward", "gelu_backward", "sigmoid_backward", "tanh_backward",
+    # layout
+    "view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze",
+    "slice", "select", "split", "split_with_sizes", "cat", "contiguous", "unbind",
+    # linear algebra and reductions XLA masks
+    "mm", "addmm", "bmm", "matmul", "sum", "amax", "amin", "_softmax", "_log_softmax", "_softmax_backward_data",
+    "_log_softmax_backward_data", "embedding", "embedding_dense_backward", "native_layer_norm",
+    "native_layer_norm_backward", "baddbmm",
+}
+
+
+def mark_dynamic(t: torch.Tensor, dim: int, max_size: int) -> torch.Tensor:
+    """Mark ``t.shape[dim]`` as dynamic with lengths up to ``max_size`` for torch.compile
+    (backend "tpu"): every length runs through a few bucket programs. Returns ``t``."""
+    if not isinstance(max_size, int) or max_size < 1:
+        raise ValueError(f"torchtpu.mark_dynamic: max_size must be a positive int, got {max_size!r}")
+    dim = dim % t.dim()
+    if t.shape[dim] > max_size:
+        raise ValueError(f"torchtpu.mark_dynamic: dimension {dim} has size {t.shape[dim]} > max_size {max_size}")
+    bounds = dict(getattr(t, BOUNDS_ATTR, {}) or {})
+    bounds[dim] = max_size
+    setattr(t, BOUNDS_ATTR, bounds)
+    torch._dynamo.mark_dynamic(t, dim)
+    _marked[0] = True
+    return t
+
+
+def check_dynamic(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict) -> None:
+    """Refuse ``dynamic=True`` without any bound, with what to do instead."""
+    explicit = not torch._dynamo.config.assume_static_by_default  # torch.compile(dynamic=True)
+    if explicit and "max_size" not in options and not _marked[0]:
+        raise TpuError(
+            "torchtpu: torch.compile(..., dynamic=True) needs a bound on the dynamic sizes: XLA programs have "
+            "static shapes, so backend 'tpu' runs dynamic dimensions through padded bucket programs up to a "
+            "maximum. Pass options={'max_size': N} (with dynamic=True or bounded_dynamism=True), or call "
+            "torchtpu.mark_dynamic(tensor, dim, max_size) on the inputs and drop dynamic=True."
+        )
+    return None
+
+
+def bucket(n: int, bound: int) -> int:
+    """Powers of two up to the bound."""
+    if n > bound:
+        raise TpuError(f"torchtpu: a dynamic dimension has length {n}, above its bound {bound}; raise max_size")
+    b = 1
+    while b < n:
+        b *= 2
+    return min(b, bound)
+
+
+class BoundedPlan:
+    """How one symbolic graph is bucketed: which input dims carry which symbol."""
+
+    def __init__(self, gm: torch.fx.GraphModule, max_size: int | None):
+        self.max_size = max_size
+        self.symbols: list[Any] = []  # sympy symbols in operand order
+        self.tensor_dims: dict[int, list[tuple[int, int]]] = {}  # input -> [(dim, symbol index)]
+        self.int_inputs: dict[int, int] = {}  # SymInt input -> symbol index
+        self.reason = _unsafe_reason(gm)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for i, node in enumerate(placeholders):
+            self._add(i, node.meta.get("val"))
+
+    def _add(self, i: int, val: Any) -> None:
+        if isinstance(val, torch.SymInt):
+            expr = val.node.expr
+            if not expr.is_Symbol:
+                self.reason = self.reason or f"input {i} is the size expression {expr}"
+                return
+            self.int_inputs[i] = self._symbol(expr)
+        elif isinstance(val, torch.Tensor):
+            for d, s in enumerate(val.shape):
+                if isinstance(s, torch.SymInt):
+                    expr = s.node.expr
+                    if not expr.is_Symbol:
+                        self.reason = self.reason or f"input {i} dim {d} has the size expression {expr}"
+                        return
+                    self.tensor_dims.setdefault(i, []).append((d, self._symbol(expr)))
+
+    def _symbol(self, expr: Any) -> int:
+        if expr not in self.symbols:
+            self.symbols.append(expr)
+        return self.symbols.index(expr)
+
+    @property
+    def usable(self) -> bool:
+        return self.reason is None and bool(self.symbols)
+
+    def lengths(self, args: list[Any]) -> list[int]:
+        values: list[int | None] = [None] * len(self.symbols)
+        for i, dims in self.tensor_dims.items():
+            for d, s in dims:
+                values[s] = args[i].shape[d]
+        for i, s in self.int_inputs.items():
+            values[s] = int(args[i])
+        return [int(v) if v is not None else 1 for v in values]
+
+    def bounds(self, args: list[Any]) -> list[int]:
+        out: list[int | None] = [self.max_size] * len(self.symbols)
+        for i, dims in self.tensor_dims.items():
+            marked = getattr(args[i], BOUNDS_ATTR, None) or {}
+            for d, s in dims:
+                if d in marked:
+                    out[s] = marked[d] if out[s] is None else min(out[s], marked[d])
+        for s, b in enumerate(out):
+            if b is None:
+                raise TpuError(
+                    f"torchtpu: dynamic size {self.symbols[s]} has no bound; call torchtpu.mark_dynamic(t, dim, max_size) "
+                    "on the input or pass options={'max_size': N} to torch.compile"
+                )
+        return [int(b) for b in out]
+
+    def pad_args(self, args: list[Any], buckets: list[int]) -> list[Any]:
+        """Inputs padded (through the host) to their bucket sizes; SymInts become buckets."""
+        out = list(args)
+        for i, dims in self.tensor_dims.items():
+            t = args[i]
+            pads = [(0, 0)] * t.dim()
+            for d, s in dims:
+                pads[d] = (0, buckets[s] - t.shape[d])
+            if any(p[1] for p in pads):
+                out[i] = _pad_host(t, pads)
+        for i, s in self.int_inputs.items():
+            out[i] = buckets[s]
+        return out
+
+
+def _pad_host(t: torch.Tensor, pads: list[tuple[int, int]]) -> torch.Tensor:
+    arr = t.detach().cpu().numpy()
+    padded = torch.from_numpy(np.pad(arr, pads))
+    return padded.to(t.device) if t.device.type == "tpu" else padded
+
+
+def _unsafe_reason(gm: torch.fx.GraphModule) -> str | None:
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if node.target is aten.copy_.default:
+            return "the graph mutates its inputs"
+        name = node.target.overloadpacket.__name__
+        if name.startswith("sym_") or name.startswith("_assert"):
+            continue
+        if name not in PADDING_SAFE:
+            return f"{node.target} is not known to be exact on padded, masked inputs"
+        merged = _merged_dim(node.meta.get("val"))
+        if merged is not None:
+            # e.g. linear on a 3-d input views (b, n, d) as (b*n, d): XLA's masks go wrong
+            # when a reshape folds a padded dim into another one
+            return f"{node.target} makes a dimension of size {merged} (a reshape across a dynamic dim)"
+    return None
+
+
+def _merged_dim(val: Any) -> Any:
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            for s in v.shape:
+                if isinstance(s, torch.SymInt) and not s.node.expr.is_Symbol:
+                    return s.node.expr
+    return None
+
+
+def warn_exact(name: str, reason: str) -> None:
+    warnings.warn(f"torchtpu: graph {name} runs at exact shapes (one program per length): {reason}", stacklevel=3)

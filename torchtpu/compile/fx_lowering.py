@@ -1,0 +1,446 @@
+"""One AOTAutograd graph -> XLA programs (one per input geometry and precision), and running them.
+
+A :class:`CompiledGraph` is what the "tpu" backend hands back to AOTAutograd for each
+forward, backward or inference graph. It is called with the boxed convention (one list of
+arguments, which it clears so inputs can die early). On a call it keys the arguments'
+geometry (storage slot, dtype, shape, stride, offset — never their values), finds or
+builds the program, and runs it:
+
+- every tpu storage the arguments view is one flat parameter; views are read inside the
+  program (``read_view``), as the eager path does;
+- ``copy_`` into a graph input (AOTAutograd's input mutations: BatchNorm running stats,
+  optimizer state, in-place parameter updates) becomes a new value of that storage,
+  returned by the program and swapped into the storage cell; the old buffer is donated
+  (``tf.aliasing_output``) so a step does not double its memory;
+- random nodes each take their own device RNG state ``[seed, counter + i]``, the states
+  eager execution of the same ops would use, so dropout matches eager under one seed;
+- outputs that are graph inputs are returned as the input tensors themselves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import config, metrics
+from ..device.matmul_precision import current as current_precision
+from ..errors import TpuError
+from ..lowering import registry
+from ..lowering.context import NodeLowering, ProgramContext, ScalarValue
+from ..lowering.graph import GraphHooks, lower_graph
+from ..lowering.strided import contiguous_strides, flatten_for_strides, read_view, write_view
+from ..runtime import cache, pjrt
+from ..stablehlo.builder import Value
+from ..tensor.storage import Cell, cell_of, new_tensor
+
+aten = torch.ops.aten
+_SKIPPED = {
+    aten._assert_scalar.default,
+    aten.sym_constrain_range_for_size.default,
+    aten._assert_async.msg,
+}
+_dump_ids = itertools.count()
+GRAPHS: weakref.WeakSet = weakref.WeakSet()  # every live CompiledGraph (tests, debugging)
+
+
+class Program:
+    """One compiled executable of a graph and how to read its results."""
+
+    __slots__ = ("exe", "outputs", "n_new", "updates", "n_random", "text")
+
+    def __init__(self, exe: Any, outputs: list, n_new: int, updates: list[int], n_random: int, text: str):
+        self.exe = exe
+        self.outputs = outputs  # per graph output: ("new", sizes, strides, dtype, numel) | ("input", i) | ("const", v)
+        self.n_new = n_new  # how many program results are graph outputs (the rest: updated storages)
+        self.updates = updates  # storage slots the program rewrites, in result order
+        self.n_random = n_random  # RNG states the program consumes
+        self.text = text
+
+
+class _Call:
+    """The operands of one call, gathered while its key is built."""
+
+    __slots__ = ("key", "cells", "slot_of", "scalars", "args", "host")
+
+    def __init__(self, args: list[Any]) -> None:
+        self.args = args
+        self.host: list[tuple[int, torch.Tensor]] = []  # 0-d CPU tensors moved to the device
+        self.key: list[Any] = []
+        self.cells: list[Cell] = []
+        self.slot_of: dict[int, int] = {}
+        self.scalars: list[Any] = []
+
+
+def _slot(call: _Call, t: torch.Tensor) -> int:
+    cell = cell_of(t)
+    slot = call.slot_of.get(id(cell))
+    if slot is None:
+        slot = call.slot_of[id(cell)] = len(call.cells)
+        call.cells.append(cell)
+    return slot
+
+
+def _device_float(value: float) -> Any:
+    rt = pjrt.get()
+    return rt.put(np.asarray(value, np.float64 if rt.supports_f64 else np.float32))
+
+
+def _collect(args: list[Any], name: str) -> _Call:
+    call = _Call(args)
+    key = call.key
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            if a.device.type != "tpu":
+                if a.dim() != 0:
+                    raise TpuError(
+                        f"torchtpu: argument {i} of compiled graph {name} is a {a.device} tensor of shape "
+                        f"{tuple(a.shape)}; move it to the device with .to('tpu') before calling the compiled function"
+                    )
+                call.host.append((i, a))
+                a = args[i] = a.to("tpu")
+            key.append((_slot(call, a), a.dtype, tuple(a.shape), a.stride(), a.storage_offset()))
+        elif isinstance(a, bool) or isinstance(a, int):
+            key.append(("i", int(a)))  # sizes of dynamic dims: they shape the program
+        elif isinstance(a, float):
+            call.scalars.append(_device_float(a))
+            key.append(("f",))
+        elif a is None:
+            key.append(None)
+        else:
+            raise TpuError(f"torchtpu: compiled graph {name} got an argument of type {type(a).__name__} (argument {i})")
+    key.append(tuple((c.numel, c.dtype, c.buf is not None) for c in call.cells))
+    key.append(current_precision())  # dot/conv precision_config is baked into the program
+    return call
+
+
+class _Hooks(GraphHooks):
+    """Input mutations, per-node RNG states and symbolic-size arithmetic."""
+
+    def __init__(self, ctx: ProgramContext, placeholders: dict[torch.fx.Node, int], use_meta: bool):
+        self.placeholders = placeholders
+        self.use_meta = use_meta
+        self.mutations: dict[int, Value] = {}
+        self.n_random = 0
+        self.rng_base: Value | None = None
+        self.ctx = ctx
+
+    def node(self, ctx: ProgramContext, node: torch.fx.Node, args: Any, kwargs: Any) -> tuple[bool, Any]:
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload):
+            return True, target(*args, **kwargs)  # operator.mul on sizes, sym_float, ...
+        if target in _SKIPPED:
+            return True, None
+        if target in (aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default):
+            return True, _size_query(target, args)
+        if target is aten.copy_.default:
+            dst = node.args[0]
+            if isinstance(dst, torch.fx.Node) and dst.op == "placeholder":
+                return True, self._mutate(ctx, self.placeholders[dst], args[0], args[1])
+            return True, _copy(ctx, args[0], args[1])
+        if target in registry.RANDOM or torch.Tag.nondeterministic_seeded in target.tags:
+            self._fresh_rng_state(ctx)
+        return False, None
+
+    def _mutate(self, ctx: ProgramContext, index: int, dst: Value, src: Value) -> Value:
+        value = _copy(ctx, dst, src)
+        self.mutations[index] = value
+        return value
+
+    def _fresh_rng_state(self, ctx: ProgramContext) -> None:
+        """The state eager execution would give this op: [seed, counter + i]."""
+        b = ctx.b
+        if self.rng_base is None:
+            self.rng_base = b.param((2,), torch.uint64)
+        seed = b.slice(self.rng_base, [0], [1])
+        counter = b.slice(self.rng_base, [1], [2])
+        if self.n_random:
+            counter = b.binary("add", counter, b.constant(self.n_random, torch.uint64, (1,)))
+        ctx.rng_state = b.concatenate([seed, counter], 0)
+        ctx._philox_state = None
+        self.n_random += 1
+
+
+def _size_query(target: Any, args: Any) -> int:
+    x = args[0]
+    if target is aten.sym_numel.default:
+        return int(np.prod(x.shape))
+    if target is aten.sym_size.int:
+        return x.shape[args[1]]
+    return contiguous_strides(x.shape)[args[1]]
+
+
+def _copy(ctx: ProgramContext, dst: Value, src: Any) -> Value:
+    L = NodeLowering(ctx, None, None)
+    v = L.to(src, dst.dtype) if isinstance(src, Value) else L.scalar(src, dst.dtype)
+    return L.broadcast_to(v, dst.shape)
+
+
+def _fix(ctx: ProgramContext, v: Value, dtype: torch.dtype, shape: tuple) -> Value:
+    """Make a result exactly the dtype and shape PyTorch promised."""
+    L = NodeLowering(ctx, None, None)
+    if v.dtype != dtype:
+        v = L.to(v, dtype)
+    if v.shape != shape:
+        v = L.broadcast_to(v, shape) if v.rank <= len(shape) else ctx.b.reshape(v, shape)
+    return v
+
+
+def _static_dim(b: Any, v: Value, d: int) -> Value:
+    """``v`` with dimension ``d`` static again: a gather with static indices (XLA cannot
+    return a bounded-dynamic buffer that another program could take)."""
+    idx = b.iota((v.shape[d], 1), 0, torch.int32)
+    offset = [k for k in range(v.rank) if k != d]
+    sizes = [1 if k == d else n for k, n in enumerate(v.shape)]
+    return b.gather(v, idx, offset, [d], [d], 1, sizes, v.shape)
+
+
+def _static(meta: Any) -> bool:
+    from torch.fx.experimental.symbolic_shapes import has_free_symbols
+
+    return isinstance(meta, torch.Tensor) and not has_free_symbols(meta)
+
+
+class CompiledGraph:
+    """Callable (boxed convention) that runs ``gm`` as XLA programs on tpu tensors."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, dynamic: bool = False, bounded: bool = False, max_size: int | None = None):
+        self._boxed_call = True  # an instance attribute: wrappers copy __dict__, not class attributes
+        self.gm = gm
+        self.name = name
+        self.dynamic = dynamic
+        self.plan = None  # bounded dynamism: how dynamic dims are bucketed (dynamic.py)
+        if dynamic and bounded:
+            from .dynamic import BoundedPlan, warn_exact
+
+            plan = BoundedPlan(gm, max_size)
+            if plan.usable:
+                self.plan = plan
+            elif plan.reason:
+                warn_exact(name, plan.reason)
+        self._lengths: list[Value] = []
+        self.programs: dict[tuple, Program] = {}
+        self._last_key: tuple | None = None
+        nodes = list(gm.graph.nodes)
+        self.placeholders = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
+        self.output_args = list(nodes[-1].args[0]) if nodes and nodes[-1].op == "output" else []
+        GRAPHS.add(self)
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        args_l = list(args)
+        args.clear()  # boxed: let AOTAutograd's references to the inputs die
+        lengths = None
+        if self.plan is not None:
+            from .dynamic import bucket
+
+            lengths = self.plan.lengths(args_l)
+            buckets = [bucket(n, b) for n, b in zip(lengths, self.plan.bounds(args_l))]
+            args_l = self.plan.pad_args(args_l, buckets)
+        call = _collect(args_l, self.name)
+        if lengths is not None:
+            rt = pjrt.get()
+            call.scalars.extend(rt.put(np.asarray(n, np.int32)) for n in lengths)
+        key = tuple(call.key)
+        prog = self.programs.get(key)
+        if prog is None:
+            self._explain_new(key)
+            prog = self.programs[key] = self._build(call)
+        else:
+            metrics.add("cache_hits")
+        self._last_key = key
+        results = self._run(prog, call)
+        if lengths is not None:
+            results = self._unpad(prog, results, lengths)
+        return results
+
+    def _unpad(self, prog: Program, results: list[Any], lengths: list[int]) -> list[Any]:
+        """Outputs with dynamic dims: views of their first ``n`` rows (over the padded storage)."""
+        subs = dict(zip(self.plan.symbols, lengths))
+        out = []
+        for spec, r in zip(prog.outputs, results):
+            if spec[0] == "new" and len(spec) > 5 and spec[5] is not None and isinstance(r, torch.Tensor):
+                sizes = [int(e.xreplace(subs)) if hasattr(e, "xreplace") else int(e) for e in spec[5]]
+                r = r.as_strided(sizes, r.stride(), 0)
+            out.append(r)
+        return out
+
+    # -- running -----------------------------------------------------------------------------
+    def _run(self, prog: Program, call: _Call) -> list[Any]:
+        inputs = [c.buf for c in call.cells if c.buf is not None]
+        inputs.extend(call.scalars)
+        if prog.n_random:
+            inputs.append(_rng_states(prog.n_random))
+        outs = pjrt.get().execute(prog.exe, inputs)
+        metrics.add("executions")
+        _track(outs)
+        for slot, buf in zip(prog.updates, outs[prog.n_new :]):
+            call.cells[slot].set(buf)
+        for i, host in call.host:  # a mutated CPU scalar (e.g. a non-capturable optimizer step count)
+            if call.slot_of[id(cell_of(call.args[i]))] in prog.updates:
+                host.copy_(call.args[i])
+        results: list[Any] = []
+        bufs = iter(outs[: prog.n_new])
+        for spec in prog.outputs:
+            kind = spec[0]
+            if kind == "new":
+                sizes, strides, dtype, numel = spec[1:5]
+                results.append(new_tensor(Cell(numel, dtype, next(bufs)), sizes, strides, 0, dtype))
+            elif kind == "input":
+                results.append(call.args[spec[1]])
+            else:
+                results.append(spec[1])
+        return results
+
+    # -- building ------------------------------------------------------------------------------
+    def _build(self, call: _Call) -> Program:
+        ctx = ProgramContext()
+        ctx.supports_f64 = pjrt.get().supports_f64
+        b = ctx.b
+        bases: list[Value] = []
+        params: dict[int, int] = {}  # slot -> parameter index
+        for slot, cell in enumerate(call.cells):
+            if cell.buf is None:  # never written: reads as zeros
+                bases.append(b.broadcast_in_dim(b.constant(0, cell.dtype), (cell.numel,), []))
+            else:
+                params[slot] = len(b.params)
+                bases.append(b.param((cell.numel,), cell.dtype))
+        inputs, geometry = self._inputs(b, call, bases)
+        hooks = _Hooks(ctx, self.placeholders, use_meta=not self.dynamic)
+        result = lower_graph(ctx, self.gm, inputs, hooks=hooks)
+        results = list(result) if isinstance(result, (tuple, list)) else [result]
+
+        outputs, specs = [], []
+        for node, v in zip(self.output_args, results):
+            spec, flat = self._output(ctx, node, v)
+            specs.append(spec)
+            if flat is not None:
+                outputs.append(flat)
+        n_new = len(outputs)
+        current = list(bases)
+        updates: list[int] = []
+        for index, value in hooks.mutations.items():
+            slot, sizes, strides, offset = geometry[index]
+            current[slot] = write_view(b, current[slot], sizes, strides, offset, value)
+            if slot not in updates:
+                updates.append(slot)
+        for k, slot in enumerate(updates):
+            if slot in params:  # the old buffer dies: let XLA reuse it for the new one
+                b.set_param_attr(params[slot], f"tf.aliasing_output = {n_new + k} : i32")
+        outputs.extend(current[s] for s in updates)
+        text = b.module(outputs)
+        what = f"compiled graph {self.name} {[k[2] for k in call.key if isinstance(k, tuple) and len(k) == 5]}"
+        _dump(self.name, text, self.gm)
+        exe = cache.compile(text, what)
+        return Program(exe, specs, n_new, updates, hooks.n_random, text)
+
+    def _inputs(self, b: Any, call: _Call, bases: list[Value]) -> tuple[list[Any], dict[int, tuple]]:
+        inputs: list[Any] = []
+        geometry: dict[int, tuple] = {}
+        for i, (a, k) in enumerate(zip(call.args, call.key)):
+            if isinstance(a, torch.Tensor):
+                slot, dtype, sizes, strides, offset = k
+                geometry[i] = (slot, sizes, strides, offset)
+                inputs.append(read_view(b, bases[slot], sizes, strides, offset, dtype))
+            elif isinstance(a, float):
+                p = b.param((), torch.float64 if pjrt.get().supports_f64 else torch.float32)
+                inputs.append(ScalarValue(p.name, p.dtype, float))
+            else:
+                inputs.append(a)
+        if self.plan is not None:
+            self._lengths = [b.param((), torch.int32) for _ in self.plan.symbols]
+            for i, dims in self.plan.tensor_dims.items():
+                for d, s in dims:  # XLA masks the padding of this dim from here on
+                    v = inputs[i]
+                    inputs[i] = b.op1("stablehlo.set_dimension_size", [v, self._lengths[s]], v.shape, v.dtype, f"dimension = {d} : i64")
+        return inputs, geometry
+
+    def _output(self, ctx: ProgramContext, node: Any, v: Any) -> tuple[tuple, Value | None]:
+        if isinstance(node, torch.fx.Node) and node.op == "placeholder":
+            return ("input", self.placeholders[node]), None
+        if not isinstance(v, Value):
+            return ("const", v), None
+        meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if _static(meta):
+            shape, dtype, stride = tuple(meta.shape), meta.dtype, meta.stride()
+        else:
+            shape, dtype = v.shape, v.dtype
+            if isinstance(meta, torch.Tensor):
+                dtype = meta.dtype
+            stride = contiguous_strides(shape)
+        v = _fix(ctx, v, dtype, shape)
+        exprs = None
+        if self.plan is not None and isinstance(meta, torch.Tensor):
+            exprs = [s.node.expr if isinstance(s, torch.SymInt) else int(s) for s in meta.shape]
+            for d, e in enumerate(exprs):
+                if not isinstance(e, int):
+                    v = _static_dim(ctx.b, v, d)
+        flat, strides = flatten_for_strides(ctx.b, v, stride)
+        return ("new", shape, strides, dtype, flat.shape[0], exprs), flat
+
+    def _explain_new(self, key: tuple) -> None:
+        """TORCHTPU_LOG_RECOMPILES=1: say why this graph needs another program."""
+        if not self.programs or not config.flag("TORCHTPU_LOG_RECOMPILES"):
+            return
+        print(f"[torchtpu] recompiling {self.name}: {explain_key_change(self._last_key, key)}", file=sys.stderr)
+
+
+def explain_key_change(old: tuple | None, new: tuple) -> str:
+    """Human-readable differences between two program keys."""
+    if old is None:
+        return "first call"
+    reasons = []
+    if old[-1] != new[-1]:
+        reasons.append(f"matmul precision {old[-1]} -> {new[-1]}")
+    if old[-2] != new[-2]:
+        reasons.append("storage sizes/dtypes of the inputs changed")
+    for i, (a, c) in enumerate(zip(old[:-2], new[:-2])):
+        if a == c:
+            continue
+        if isinstance(a, tuple) and isinstance(c, tuple) and len(a) == 5 and len(c) == 5:
+            names = ("storage slot", "dtype", "shape", "stride", "storage offset")
+            diffs = [f"{n} {x} -> {y}" for n, x, y in zip(names, a, c) if x != y]
+            reasons.append(f"input {i}: " + ", ".join(diffs))
+        else:
+            reasons.append(f"input {i}: {a} -> {c}")
+    return "; ".join(reasons) or "new key"
+
+
+def _rng_states(n: int) -> Any:
+    """Reserve ``n`` consecutive eager RNG states; the buffer holds the first one."""
+    from ..eager import rng
+
+    with rng._lock:
+        state = np.array([rng._seed, rng._counter], dtype=np.uint64)
+        rng._counter += n
+    return pjrt.get().put(state)
+
+
+def _track(outs: list[Any]) -> None:
+    """Let torch.tpu.synchronize() wait for these results too."""
+    from ..eager import dispatch
+
+    track = getattr(dispatch, "_track", None)
+    if track is not None:
+        track(outs)
+
+
+def _dump(name: str, text: str, gm: torch.fx.GraphModule) -> None:
+    directory = config.get("TORCHTPU_DUMP_DIR").strip()
+    if not directory:
+        return
+    os.makedirs(directory, exist_ok=True)
+    stem = os.path.join(directory, f"{os.getpid()}_{next(_dump_ids):04d}_{name}")
+    with open(stem + ".stablehlo.mlir", "w") as f:
+        f.write(text)
+    with open(stem + ".fx.py", "w") as f:
+        f.write(gm.code)
+
+
+def describe(values: Sequence[Any]) -> str:
+    return ", ".join(f"{tuple(v.shape)}:{v.dtype}" if isinstance(v, torch.Tensor) else repr(v) for v in values)
