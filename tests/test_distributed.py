@@ -1,0 +1,226 @@
+"""torch.distributed on tpu: multi-process tests (2 processes; one 4-process run).
+
+Each test launches worker scripts from tests/distributed_scripts/ (or the examples),
+either with torchrun or as plain processes with env:// variables, and reads the JSON
+each rank writes. Results are compared with gloo on CPU tensors (collectives) or with
+the same training in one process (DDP, FSDP2, tensor parallel).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "distributed_scripts"
+EXAMPLES = ROOT / "examples" / "distributed"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(out: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, TORCHTPU_TEST_OUT=str(out), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env.update(extra)
+    return env
+
+
+def _check_rc(procs_out: list[tuple[int, str]]) -> None:
+    for rc, err in procs_out:
+        assert rc == 0, f"worker failed (rc {rc}):\n{err[-4000:]}"
+
+
+def torchrun(script: Path, *args: str, nproc: int = 2, out: Path, timeout: float = 240) -> None:
+    cmd = [*TORCHRUN, f"--nproc-per-node={nproc}", f"--master-port={_free_port()}", str(script), *args]
+    p = subprocess.run(cmd, env=_env(out), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    _check_rc([(p.returncode, p.stdout + p.stderr)])
+
+
+def spawn(
+    script: Path, *args: str, nproc: int = 2, world: int | None = None, out: Path, timeout: float = 120, **env: str
+) -> list[tuple[int, str]]:
+    """Start ``nproc`` plain processes with env:// rendezvous variables (no torchrun:
+    a rank that dies must not take the others down)."""
+    port, world = _free_port(), world or nproc
+    procs = []
+    for r in range(nproc):
+        e = _env(
+            out, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), *args], env=e, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
+    results = []
+    for p in procs:
+        try:
+            stdout, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            stdout, _ = p.communicate()
+        results.append((p.returncode, stdout))
+    return results
+
+
+def _read(out: Path, name: str) -> dict:
+    return json.loads((out / name).read_text())
+
+
+# -- collectives ------------------------------------------------------------------------------
+def _assert_all_ok(out: Path, nproc: int) -> None:
+    for r in range(nproc):
+        res = _read(out, f"rank{r}.json")
+        bad = {k: v for k, v in res.items() if v != "ok"}
+        assert not bad, f"rank {r}: {bad}"
+        assert len(res) >= 30
+
+
+def test_collectives_match_gloo_torchrun(tmp_path: Path) -> None:
+    torchrun(SCRIPTS / "collectives.py", out=tmp_path)
+    _assert_all_ok(tmp_path, 2)
+
+
+@pytest.mark.slow
+def test_collectives_match_gloo_4_processes(tmp_path: Path) -> None:
+    _check_rc(spawn(SCRIPTS / "collectives.py", nproc=4, out=tmp_path, timeout=300))
+    _assert_all_ok(tmp_path, 4)
+
+
+@pytest.mark.slow
+def test_mixed_backend_string(tmp_path: Path) -> None:
+    """init_process_group("cpu:gloo,tpu:tpu"): the same collectives, CPU tensors included."""
+    _check_rc(spawn(SCRIPTS / "collectives.py", out=tmp_path, TORCHTPU_TEST_BACKEND="cpu:gloo,tpu:tpu"))
+    _assert_all_ok(tmp_path, 2)
+
+
+# -- training equals the single-process run -----------------------------------------------------
+def _assert_same_losses(out: Path, name: str, tol: float) -> None:
+    for r in range(2):
+        res = _read(out, f"{name}_rank{r}.json")
+        assert len(res["losses"]) == 10
+        assert res["max_diff"] <= tol, f"rank {r}: {res['losses']} vs single-process {res['reference']}"
+
+
+def test_ddp_matches_single_process(tmp_path: Path) -> None:
+    _check_rc(spawn(EXAMPLES / "ddp.py", "--compare", out=tmp_path, timeout=240))
+    _assert_same_losses(tmp_path, "ddp", 1e-4)
+
+
+def test_fsdp2_matches_single_process(tmp_path: Path) -> None:
+    _check_rc(spawn(EXAMPLES / "fsdp2.py", "--compare", out=tmp_path, timeout=240))
+    _assert_same_losses(tmp_path, "fsdp2", 1e-4)
+
+
+@pytest.mark.slow
+def test_fsdp2_mixed_precision_close_to_fp32(tmp_path: Path) -> None:
+    _check_rc(spawn(EXAMPLES / "fsdp2.py", "--compare", "--bf16", out=tmp_path, timeout=240))
+    _assert_same_losses(tmp_path, "fsdp2_bf16", 3e-2)  # bf16 parameters: close, not equal
+
+
+def test_tensor_parallel_matches_single_process(tmp_path: Path) -> None:
+    _check_rc(spawn(EXAMPLES / "tensor_parallel.py", "--compare", out=tmp_path, timeout=240))
+    _assert_same_losses(tmp_path, "tensor_parallel", 1e-4)
+
+
+def test_dcp_save_on_2_load_on_1(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt_root"
+    ckpt.mkdir()
+    _check_rc(spawn(SCRIPTS / "dcp.py", "save", str(ckpt), out=tmp_path, timeout=240))
+    assert _read(tmp_path, "rank0.json") == {"saved": True, "sharded": True}
+    _check_rc(spawn(SCRIPTS / "dcp.py", "load", str(ckpt), nproc=1, out=tmp_path))
+    res = _read(tmp_path, "rank0.json")
+    assert res["loaded"] and res["on_tpu"] and res["mismatched"] == []
+
+
+@pytest.mark.slow
+def test_ray_example_matches_single_process(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    p = subprocess.run(
+        [sys.executable, str(EXAMPLES / "ray_train.py"), "--compare"],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+    )
+    _check_rc([(p.returncode, p.stdout + p.stderr)])
+    res = _read(tmp_path, "ray_train_rank0.json")
+    assert len(res["losses"]) == 10 and res["max_diff"] <= 1e-4, res
+
+
+# -- failures ---------------------------------------------------------------------------------------
+def _errors(out: Path, ranks: list[int]) -> list[dict]:
+    return [_read(out, f"rank{r}.json") for r in ranks]
+
+
+def test_mismatched_shapes_name_the_collective_and_shapes(tmp_path: Path) -> None:
+    _check_rc(spawn(SCRIPTS / "failures.py", "shapes", out=tmp_path))
+    for res in _errors(tmp_path, [0, 1]):
+        msg = res["error"]
+        assert msg.startswith("DistributedError") and "all_reduce" in msg
+        assert "rank 0: all_reduce: sum float32[4, 4]" in msg and "rank 1: all_reduce: sum float32[4, 5]" in msg
+
+
+@pytest.mark.slow
+def test_mismatched_collectives_name_both(tmp_path: Path) -> None:
+    _check_rc(spawn(SCRIPTS / "failures.py", "kinds", out=tmp_path))
+    for res in _errors(tmp_path, [0, 1]):
+        assert "rank 0: all_reduce" in res["error"] and "rank 1: broadcast" in res["error"]
+
+
+def test_hung_peer_times_out_with_the_group_timeout(tmp_path: Path) -> None:
+    _check_rc(spawn(SCRIPTS / "failures.py", "hang", out=tmp_path, TORCHTPU_TEST_TIMEOUT="3"))
+    res = _read(tmp_path, "rank0.json")
+    assert res["error"].startswith("DistributedError") and "all_reduce" in res["error"] and "timed out after 3s" in res["error"]
+    assert res["seconds"] < 30  # it fails at the group's timeout, not never
+
+
+def test_dead_peer_fails_the_collective(tmp_path: Path) -> None:
+    results = spawn(SCRIPTS / "failures.py", "dead", out=tmp_path, TORCHTPU_TEST_TIMEOUT="20")
+    assert results[0][0] == 0, results[0][1][-3000:]
+    res = _read(tmp_path, "rank0.json")
+    assert res["error"] is not None and res["error"].startswith("DistributedError") and "all_reduce" in res["error"], res
+
+
+def test_absent_peer_fails_init_with_timeout(tmp_path: Path) -> None:
+    _check_rc(spawn(SCRIPTS / "failures.py", "absent", nproc=1, world=2, out=tmp_path, TORCHTPU_TEST_TIMEOUT="3"))
+    res = _read(tmp_path, "rank0.json")
+    assert res["error"] is not None and "Timed out" in res["error"] and res["seconds"] < 30
+
+
+# -- in-process (no peers needed) ----------------------------------------------------------------------
+def test_backend_registered_at_import() -> None:
+    import torch.distributed as dist
+
+    assert "TPU" in dist.Backend._plugins
+    assert dist.Backend.default_device_backend_map.get("tpu") == "tpu"
+
+
+@pytest.mark.parametrize("defer", ["0", "1"], ids=["eager", "defer_and_fuse"])
+def test_single_process_group_collectives(tmp_path: Path, defer: str) -> None:
+    """world_size 1: cheap coverage of the whole path, also with pending deferred work
+    (a collective must run it first)."""
+    code = (
+        "import torch, torch.distributed as dist\n"
+        f"dist.init_process_group('tpu', init_method='file://{tmp_path}/store', rank=0, world_size=1)\n"
+        "t = torch.arange(6.0).reshape(2, 3).to('tpu') * 2 + 1\n"
+        "dist.all_reduce(t, op=dist.ReduceOp.AVG)\n"
+        "out = torch.zeros(2, 3, device='tpu'); dist.all_gather_into_tensor(out, t + 1)\n"
+        "assert torch.equal(out.cpu(), torch.arange(6.0).reshape(2, 3) * 2 + 2), out\n"
+        "print('OK', dist.get_backend())\n"
+        "dist.destroy_process_group()\n"
+    )
+    env = dict(os.environ, TORCHTPU_DEFER_AND_FUSE=defer)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert p.returncode == 0 and "OK tpu" in p.stdout, p.stdout + p.stderr[-3000:]

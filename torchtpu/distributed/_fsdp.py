@@ -1,0 +1,51 @@
+"""FSDP2 on tpu: freeing and re-allocating unsharded parameter storage.
+
+FSDP2 frees an unsharded parameter with ``untyped_storage().resize_(0)`` and brings it
+back with ``resize_(nbytes)``. Storage resizing on PrivateUse1 needs a C++ hook that
+Python backends cannot provide, so for tpu tensors "free" releases the device buffer
+behind the storage (the memory FSDP wants back) and keeps the storage's size; "alloc"
+then has nothing to do, and the all-gather writes the buffer again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..runtime import memory
+from ..tensor.storage import cell_of
+
+
+def _free(original: Any) -> Any:
+    def free_storage(tensor: torch.Tensor) -> None:
+        if tensor.device.type != "tpu":
+            return original(tensor)
+        cell = cell_of(tensor)
+        if cell.buf is not None:
+            memory.freed(cell.nbytes)
+            cell.buf = None  # reads as zeros until the next all-gather writes it
+
+    free_storage._torchtpu = True  # type: ignore[attr-defined]
+    return free_storage
+
+
+def _alloc(original: Any) -> Any:
+    def alloc_storage(tensor: torch.Tensor) -> None:
+        if tensor.device.type != "tpu":
+            return original(tensor)
+        return None  # the storage kept its size; the buffer is written by the all-gather
+
+    alloc_storage._torchtpu = True  # type: ignore[attr-defined]
+    return alloc_storage
+
+
+def install() -> None:
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    if getattr(_fsdp_param.free_storage, "_torchtpu", False):
+        return
+    _fsdp_param.free_storage = _free(_fsdp_param.free_storage)
+    alloc = _alloc(_fsdp_param.alloc_storage)
+    _fsdp_param.alloc_storage = alloc
+    _fsdp_param_group.alloc_storage = alloc

@@ -1,0 +1,69 @@
+"""Host views of tpu tensors for the host transport (gloo).
+
+On the cpu platform an XLA buffer *is* host memory: ``Runtime.to_numpy`` returns a
+read-only numpy view of it, so a collective's input needs no copy at all. Outputs land
+in fresh host tensors and are written back with ``copy_`` (one host-to-device put).
+On other platforms ``to_numpy`` is a device-to-host copy and the same code is correct.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from ..runtime import pjrt
+from ..stablehlo.types import numpy_dtype
+from ..tensor.minimal import to_cpu
+from ..tensor.storage import cell_of
+
+
+def is_tpu(t: torch.Tensor) -> bool:
+    return t.device.type == "tpu"
+
+
+def _from_numpy(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    with warnings.catch_warnings():  # the array may be read-only: gloo only reads it
+        warnings.simplefilter("ignore", UserWarning)
+        if dtype is torch.bfloat16:
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(arr)
+
+
+def read_view(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor with ``t``'s value that the caller must only read.
+
+    Zero-copy for a contiguous tpu tensor (a view of the device buffer on the cpu
+    platform); a copy otherwise. CPU tensors are returned as they are."""
+    if not is_tpu(t):
+        return t
+    cell = cell_of(t)
+    pending = getattr(cell, "lazy", None) is not None  # DeferAndFuse: to_cpu runs the pending graph
+    if pending or cell.buf is None or not t.is_contiguous() or t.dtype != cell.dtype or t.is_conj() or t.is_neg():
+        return to_cpu(t)
+    flat = pjrt.get().to_numpy(cell.buf).reshape(-1)
+    start = t.storage_offset()
+    arr = flat[start : start + t.numel()].reshape(tuple(t.shape))
+    assert arr.dtype == numpy_dtype(t.dtype)
+    return _from_numpy(arr, t.dtype)
+
+
+def work_copy(t: torch.Tensor) -> torch.Tensor:
+    """A writable, contiguous CPU tensor holding ``t``'s value (gloo works in place on it);
+    for a contiguous CPU tensor, ``t`` itself."""
+    if not is_tpu(t):
+        return t if t.is_contiguous() else t.contiguous()
+    return to_cpu(t)
+
+
+def empty_like_host(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype)
+
+
+def write_back(dst: torch.Tensor, host: torch.Tensor) -> None:
+    """Put ``host``'s value into ``dst`` (a tpu tensor, or a CPU tensor gloo did not write)."""
+    if dst is host:
+        return
+    with torch.no_grad():
+        dst.copy_(host.view(dst.shape) if host.shape != dst.shape else host)

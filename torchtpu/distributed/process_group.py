@@ -1,0 +1,317 @@
+"""The c10d process group behind ``init_process_group("tpu")``.
+
+A Python ``torch.distributed.ProcessGroup``: c10d has no Python trampoline for a
+per-device ``Backend``, so, as c10d does for every Python group, this object *is* the
+group and also receives CPU tensors (``"cpu:gloo,tpu:tpu"`` behaves like ``"tpu"``;
+CPU tensors go straight to gloo). Each collective:
+
+1. optionally checks that every rank called the same collective with matching tensors
+   (``TORCHTPU_DIST_CHECK``), so a mismatch is an error naming both, not a hang;
+2. runs on the platform's transport (``gloo_host`` on the cpu platform; an XLA-program
+   transport is the plan for tpu/cuda, see docs/distributed.md);
+3. turns transport failures (timeouts, dead peers) into ``DistributedError`` that name
+   the collective, the group and the timeout.
+
+Collectives are synchronous: the returned ``Work`` is already complete.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.futures import Future
+
+from .. import config, metrics
+from ..errors import TpuError
+from ..runtime import pjrt
+from . import _fsdp, _streams
+from .gloo_host import GlooHostTransport
+
+ReduceOp = dist.ReduceOp
+_OP_NAMES = {
+    ReduceOp.SUM: "sum",
+    ReduceOp.AVG: "avg",
+    ReduceOp.PRODUCT: "product",
+    ReduceOp.MIN: "min",
+    ReduceOp.MAX: "max",
+    ReduceOp.BAND: "band",
+    ReduceOp.BOR: "bor",
+    ReduceOp.BXOR: "bxor",
+    ReduceOp.PREMUL_SUM: "premul_sum",
+}
+_DESC_BYTES = 480
+
+
+class DistributedError(TpuError):
+    """A collective failed: mismatched calls across ranks, a timeout or a dead peer."""
+
+
+def _done(result: Any) -> Any:
+    fut: Future = Future()
+    fut.set_result(result)
+    return _create_work_from_future(fut)
+
+
+def _shape(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+
+
+def _shapes(ts: Sequence[torch.Tensor]) -> str:
+    return ", ".join(_shape(t) for t in ts)
+
+
+def _op_name(opts: Any) -> str:
+    op = getattr(opts.reduceOp, "op", opts.reduceOp)
+    return _OP_NAMES.get(op, str(op))
+
+
+def make_transport(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
+    """The transport for this platform. Only the host (gloo) transport exists today;
+    every platform uses it (on tpu/cuda through a device-to-host copy)."""
+    return GlooHostTransport(store, rank, size, timeout)
+
+
+class TpuProcessGroup(dist.ProcessGroup):
+    """c10d backend "tpu": collectives on tpu tensors (and CPU tensors) for one group."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
+        super().__init__(rank, size)
+        self._rank, self._size, self._timeout = rank, size, timeout
+        self._group_name = ""
+        self._group_desc = ""
+        # Start the device now: DeviceMesh otherwise calls torch.tpu.set_device(LOCAL_RANK),
+        # and every process drives exactly one device, tpu:0.
+        pjrt.get()
+        _streams.install()  # FSDP2 asks torch.tpu for streams and events
+        _fsdp.install()  # and frees parameter storage by resizing it
+        try:
+            self._t = make_transport(store, rank, size, timeout)
+        except RuntimeError as e:
+            raise DistributedError(
+                f"torchtpu.distributed: rank {rank} of {size} could not connect to its peers within "
+                f"{timeout.total_seconds():g}s ({e}). Check that all {size} processes started and reach "
+                "MASTER_ADDR/MASTER_PORT; the limit is init_process_group(timeout=...)."
+            ) from e
+
+    # -- c10d plumbing (a Python group replaces the whole group object, so it keeps its name) --
+    def getBackendName(self) -> str:
+        return "tpu"
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def _label(self) -> str:
+        return f"{self._group_desc or 'group'} (name {self._group_name!r})"
+
+    @property
+    def transport(self) -> Any:
+        return self._t
+
+    # -- the common path ---------------------------------------------------------------------
+    def _run(self, name: str, desc: str | None, fn: Callable[[], Any]) -> Any:
+        """Check (if enabled) that all ranks agree on ``desc``, then run ``fn`` with
+        transport errors turned into messages that say what happened."""
+        metrics.add("collectives")
+        try:
+            if desc is not None and config.flag("TORCHTPU_DIST_CHECK"):
+                self._check(name, desc)
+            return fn()
+        except DistributedError:
+            raise
+        except RuntimeError as e:
+            raise self._failure(name, e) from e
+
+    def _check(self, name: str, desc: str) -> None:
+        """One tiny all_gather of a hash of ``name + desc``; on a mismatch, a second one of
+        the descriptions themselves, so every rank raises the same, complete error."""
+        text = f"{name}: {desc}"
+        mine = torch.tensor([zlib.crc32(text.encode())], dtype=torch.int64)
+        hashes = self._t.allgather_small(mine)
+        if bool((hashes == mine).all()):
+            return
+        raw = text.encode()[:_DESC_BYTES].ljust(_DESC_BYTES, b"\0")
+        texts = self._t.allgather_small(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        decoded = [bytes(texts[r].tolist()).rstrip(b"\0").decode(errors="replace") for r in range(self._size)]
+        lines = [f"  rank {r}: {d}" for r, d in enumerate(decoded)]
+        raise DistributedError(
+            f"torchtpu.distributed: mismatched collective {name} on group {self._label()}: "
+            "the ranks called it with different collectives or tensors:\n" + "\n".join(lines) + "\n"
+            "Every rank must call the same collectives in the same order with the same shapes and dtypes "
+            "(set TORCHTPU_DIST_CHECK=0 to skip this check)."
+        )
+
+    def _failure(self, name: str, e: BaseException) -> DistributedError:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        secs = self._timeout.total_seconds()
+        low = msg.lower()
+        if "timed out" in low or "timeout" in low:
+            why = f"it timed out after {secs:g}s waiting for a peer (a rank hung, died or never called {name})"
+        elif "closed" in low or "reset" in low or "broken pipe" in low or "connection" in low:
+            why = "a peer process closed its connection (it died or exited)"
+        else:
+            why = "the transport failed"
+        return DistributedError(
+            f"torchtpu.distributed: {name} failed on rank {self._rank} of {self._size} "
+            f"(group {self._label()}): {why}. Transport error: {msg}. "
+            f"The limit is the process group's timeout, init_process_group(timeout=...) (now {secs:g}s)."
+        )
+
+    # -- reductions ----------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        self._run("all_reduce", f"{_op_name(opts)} {_shapes(tensors)}", lambda: self._t.allreduce(tensors, opts))
+        return _done(tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        self._run(
+            "all_reduce_coalesced", f"{_op_name(opts)} {_shapes(tensors)}", lambda: self._t.allreduce_coalesced(tensors, opts)
+        )
+        return _done(tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        desc = f"{_op_name(opts)} root={opts.rootRank} {_shapes(tensors)}"
+        self._run("reduce", desc, lambda: self._t.reduce(tensors, opts))
+        return _done(tensors)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        self._check_multiple("reduce_scatter_tensor", output, input)
+        desc = f"{_op_name(opts)} {_shape(output)}"
+        self._run("reduce_scatter_tensor", desc, lambda: self._t.reduce_scatter_tensor(output, input, opts))
+        return _done(output)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        for o, i in zip(outputs, inputs):
+            self._reduce_scatter_base(o, i, opts)
+        return _done(outputs)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        desc = f"{_op_name(opts)} {_shapes(outputs)}"
+        self._run("reduce_scatter", desc, lambda: self._t.reduce_scatter(outputs, input_lists, opts))
+        return _done(outputs)
+
+    # -- data movement ---------------------------------------------------------------------------
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        self._run("broadcast", f"root={opts.rootRank} {_shapes(tensors)}", lambda: self._t.broadcast(tensors, opts))
+        return _done(tensors)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        self._check_multiple("all_gather_into_tensor", input, output)
+        self._run("all_gather_into_tensor", _shape(input), lambda: self._t.allgather_into_tensor(output, input, opts))
+        return _done(output)
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        for o, i in zip(outputs, inputs):
+            self._allgather_base(o, i, opts)
+        return _done(outputs)
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        self._run("all_gather", _shapes(inputs), lambda: self._t.allgather(output_lists, inputs, opts))
+        return _done(output_lists)
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        for outs, i in zip(output_lists, inputs):
+            self._run("all_gather_coalesced", _shape(i), lambda outs=outs, i=i: self._t.allgather([outs], [i], opts))
+        return _done(output_lists)
+
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
+        self._run("gather", f"root={opts.rootRank} {_shapes(inputs)}", lambda: self._t.gather(output_lists, inputs, opts))
+        return _done(output_lists)
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any) -> Any:
+        self._run("scatter", f"root={opts.rootRank} {_shapes(outputs)}", lambda: self._t.scatter(outputs, input_lists, opts))
+        return _done(outputs)
+
+    def alltoall_base(
+        self, output: torch.Tensor, input: torch.Tensor, out_splits: list[int], in_splits: list[int], opts: Any = None
+    ) -> Any:
+        # uneven splits legitimately differ per rank: only the dtype and trailing dims must agree
+        desc = f"{str(input.dtype).removeprefix('torch.')}{list(input.shape[1:])}" if (out_splits or in_splits) else _shape(input)
+        self._run("all_to_all_single", desc, lambda: self._t.alltoall_base(output, input, out_splits, in_splits, opts))
+        return _done(output)
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        desc = f"{len(inputs)} tensors of {str(inputs[0].dtype).removeprefix('torch.')}" if inputs else "0 tensors"
+        self._run("all_to_all", desc, lambda: self._t.alltoall(outputs, inputs, opts))
+        return _done(outputs)
+
+    def barrier(self, opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.BarrierOptions()
+        self._run("barrier", "", lambda: self._t.barrier(opts))
+        return _done(None)
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        self._run("monitored_barrier", None, lambda: self._t.gloo.monitored_barrier(timeout, wait_all_ranks))
+
+    # -- point to point (no cross-rank check: the peers' calls are send and recv) ----------------
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+        self._run("send", None, lambda: self._t.send(tensors, dst, tag))
+        return _done(tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        self._run("recv", None, lambda: self._t.recv(tensors, src, tag))
+        return _done(tensors)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
+        src = self._run("recv", None, lambda: self._t.recv_anysource(tensors, tag))
+        work = _done(tensors)
+        work._torchtpu_source = src
+        return work
+
+    # -- the single-tensor names torch.distributed calls today -----------------------------------
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        return self._allgather_base(output, input, opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        return self._reduce_scatter_base(output, input, opts)
+
+    def all_to_all_single(
+        self, output: torch.Tensor, input: torch.Tensor, out_splits: list[int], in_splits: list[int], opts: Any = None
+    ) -> Any:
+        return self.alltoall_base(output, input, out_splits, in_splits, opts)
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    # Collectives run synchronously, so a coalescing block needs no bookkeeping.
+    def _start_coalescing(self, device: Any) -> None:
+        return None
+
+    def _end_coalescing(self, device: Any) -> Any:
+        return _done(None)
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        self._t.shutdown()
+
+    def abort(self) -> None:
+        self._t.abort()
+
+    # -- argument checks that need no peer ---------------------------------------------------------
+    def _check_multiple(self, name: str, small: torch.Tensor, big: torch.Tensor) -> None:
+        if big.numel() != small.numel() * self._size or big.dtype != small.dtype:
+            raise DistributedError(
+                f"torchtpu.distributed: {name} needs the larger tensor to hold group size ({self._size}) x the "
+                f"smaller one, with the same dtype; got {_shape(small)} and {_shape(big)}"
+            )
