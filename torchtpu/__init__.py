@@ -8,10 +8,12 @@ Installed, it loads with ``import torch`` (the ``torch.backends`` entry point ca
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from . import metrics
+from .eager.modes import eager_mode, get_eager_mode, set_eager_mode
 
-__all__ = ["metrics", "platform"]
+__all__ = ["eager_mode", "get_eager_mode", "mark_dynamic", "metrics", "platform", "set_eager_mode"]
 __version__ = "0.1.0"
 
 _loaded = False
@@ -31,7 +33,18 @@ def _autoload() -> None:
 
         register_device()
         register_runtime_kernels()
+        from .distributed import register_backend
+
+        register_backend()
         _loaded = True
+
+
+def mark_dynamic(t: Any, dim: int, max_size: int) -> Any:
+    """Mark ``t.shape[dim]`` dynamic up to ``max_size`` for torch.compile(backend="tpu"):
+    lengths run through a few padded bucket programs (see torchtpu.compile.dynamic)."""
+    from .compile.dynamic import mark_dynamic as _mark
+
+    return _mark(t, dim, max_size)
 
 
 def platform() -> str:
