@@ -292,9 +292,11 @@ def _donatable(g: Graph, live: list[tuple[int, Cell]]) -> tuple[int, ...]:
         if idx not in live_slots or idx not in g.written:
             continue
         cell = g.cells[idx]()
-        buf = g.inputs[i]
-        # references: g.inputs, cell._buf, getrefcount's argument (+ _recent)
-        if cell is not None and cell._buf is buf and sys.getrefcount(buf) == 3 + (id(buf) in recent):
+        if cell is None or cell._buf is not g.inputs[i]:
+            continue
+        # references: g.inputs, cell._buf, getrefcount's argument (+ _recent); any other
+        # holder (another cell sharing the buffer, a user's handle) forbids donation
+        if sys.getrefcount(g.inputs[i]) == 3 + (id(g.inputs[i]) in recent):
             out.append(i)
     return tuple(out)
 

@@ -1,0 +1,149 @@
+#!/usr/bin/env python
+"""The MLP step in every execution mode, against JAX's jit and PyTorch CPU, in one run.
+
+Workload (/work/shared/bench/README.md): 3-layer MLP 1024-1024-1024-10, batch 64,
+cross-entropy, SGD lr 0.01, seed 0; one step = zero_grad + forward + backward + SGD +
+synchronize. Steady-state median of MLP_N steps after WARM warm-up steps; the loss after
+1 + WARM + MLP_N steps (1.7841 with the defaults) checks correctness.
+
+Rows:
+  tpu eager            one cached program per op
+  tpu DeferAndFuse     torchtpu.eager_mode("defer_and_fuse"), the stock training loop
+  tpu compiled step    torch.compile(backend="tpu", fullgraph=True) of a functional step
+  JAX jit              /work/shared/bench/bench_jax.py in its own venv (JAX_PYTHON=python)
+  CPU eager            PyTorch on the host
+First step: DeferAndFuse's first step in a fresh process, cold (empty TORCHTPU_CACHE_DIR) and
+warm (the same directory again: executables come from the disk cache).
+
+Env: MLP_N, WARM, JAX_PYTHON, OUT=path.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("TORCHTPU_CACHE_DIR", "")  # steady-state rows: no disk cache involved
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+import bench_compile as bc  # noqa: E402
+
+import torchtpu  # noqa: E402
+
+FIRST_STEP_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch, torch.nn.functional as F, torchtpu
+sys.path.insert(0, sys.argv[1])
+import bench_compile as bc
+torchtpu.set_eager_mode("defer_and_fuse")
+model = bc.make_mlp().to("tpu")
+opt = torch.optim.SGD(model.parameters(), lr=bc.LR)
+x, y = bc.mlp_data("tpu")
+t1 = time.perf_counter()
+opt.zero_grad(set_to_none=True)
+loss = F.cross_entropy(model(x), y)
+loss.backward()
+opt.step()
+torch.tpu.synchronize()
+t2 = time.perf_counter()
+m = torchtpu.metrics.snapshot()
+print(json.dumps({"first_step_s": t2 - t1, "import_and_setup_s": t1 - t0, "compiles": m["compiles"], "disk_cache_hits": m["disk_cache_hits"]}))
+"""
+
+
+def stock_step(mode: str) -> dict:
+    model = bc.make_mlp().to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=bc.LR)
+    x, y = bc.mlp_data("tpu")
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    torchtpu.metrics.reset()
+    with torchtpu.eager_mode(mode):
+        res = bc.timed(step, "tpu")
+    m = torchtpu.metrics.snapshot()
+    res["compiles"], res["executions"], res["flushes_by_reason"] = m["compiles"], m["executions"], m["flushes_by_reason"]
+    return res
+
+
+def cpu_eager() -> dict:
+    model = bc.make_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=bc.LR)
+    x, y = bc.mlp_data("cpu")
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return bc.timed(step, "cpu")
+
+
+def first_steps() -> dict:
+    cache = tempfile.mkdtemp(prefix="bench_modes_cache_")
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=cache)
+    out = {}
+    for label in ("cold", "warm"):
+        run = subprocess.run(
+            [sys.executable, "-c", FIRST_STEP_CHILD, os.path.dirname(__file__)], env=env, capture_output=True, text=True, timeout=600
+        )
+        out[label] = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {"error": run.stderr[-500:]}
+    return out
+
+
+def main() -> None:
+    res = {"torch": torch.__version__, "platform": torchtpu.platform(), "threads": torch.get_num_threads()}
+    jax = bc.jax_reference()
+    if "step_ms" in jax:  # bench_jax.py's units
+        jax = {**jax, "step_s": jax["step_ms"] / 1e3, "loss": jax.get("loss_last", float("nan"))}
+    res["jax_jit"] = jax
+    res["eager"] = stock_step("eager")
+    res["defer_and_fuse"] = stock_step("defer_and_fuse")
+    res["compiled_step"] = bc.mlp_whole_step_functional()
+    res["cpu_eager"] = cpu_eager()
+    res["first_step"] = first_steps()
+    report(res)
+    if os.environ.get("OUT"):
+        with open(os.environ["OUT"], "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def report(res: dict) -> None:
+    jax = res["jax_jit"]
+    ref = jax.get("step_s")
+    print(f"platform {res['platform']}  torch {res['torch']}  threads {res['threads']}  MLP_N={bc.MLP_N} WARM={bc.WARM}")
+    print(f"{'MLP step':<22}{'median':>11}{'vs JAX jit':>12}{'vs CPU eager':>14}{'first step':>12}{'loss':>9}")
+    cpu = res["cpu_eager"]["step_s"]
+    rows = [("JAX jit", jax), ("tpu eager", res["eager"]), ("tpu DeferAndFuse", res["defer_and_fuse"]),
+            ("tpu compiled step", res["compiled_step"]), ("CPU eager", res["cpu_eager"])]
+    for name, r in rows:
+        if "step_s" not in r:
+            print(f"{name:<22}  skipped: {r.get('skipped', r)}")
+            continue
+        vs_jax = f"{r['step_s'] / ref:.2f}" if ref else "-"
+        print(f"{name:<22}{r['step_s'] * 1e3:>8.2f} ms{vs_jax:>12}{r['step_s'] / cpu:>14.2f}{r['first_step_s']:>10.2f} s{r['loss']:>9.4f}")
+    d = res["defer_and_fuse"]
+    print(f"DeferAndFuse over the run: compiles={d['compiles']} executions={d['executions']} flushes={d['flushes_by_reason']}")
+    for label, r in res["first_step"].items():
+        if "error" in r:
+            print(f"first DeferAndFuse step, {label} cache: error {r['error']}")
+        else:
+            print(f"first DeferAndFuse step, {label} disk cache: {r['first_step_s']:.3f} s  (compiles={r['compiles']}, disk hits={r['disk_cache_hits']})")
+
+
+if __name__ == "__main__":
+    main()
