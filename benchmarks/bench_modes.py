@@ -29,7 +29,6 @@ import tempfile
 os.environ.setdefault("TORCHTPU_CACHE_DIR", "")  # steady-state rows: no disk cache involved
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_compile as bc  # noqa: E402
@@ -59,38 +58,13 @@ print(json.dumps({"first_step_s": t2 - t1, "import_and_setup_s": t1 - t0, "compi
 
 
 def stock_step(mode: str) -> dict:
-    model = bc.make_mlp().to("tpu")
-    opt = torch.optim.SGD(model.parameters(), lr=bc.LR)
-    x, y = bc.mlp_data("tpu")
-
-    def step() -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
+    """The stock training loop (bench_compile's, uncompiled) under an eager mode."""
     torchtpu.metrics.reset()
     with torchtpu.eager_mode(mode):
-        res = bc.timed(step, "tpu")
+        res = bc.mlp_module_step("tpu", None)
     m = torchtpu.metrics.snapshot()
     res["compiles"], res["executions"], res["flushes_by_reason"] = m["compiles"], m["executions"], m["flushes_by_reason"]
     return res
-
-
-def cpu_eager() -> dict:
-    model = bc.make_mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=bc.LR)
-    x, y = bc.mlp_data("cpu")
-
-    def step() -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return bc.timed(step, "cpu")
 
 
 def first_steps() -> dict:
@@ -114,7 +88,7 @@ def main() -> None:
     res["eager"] = stock_step("eager")
     res["defer_and_fuse"] = stock_step("defer_and_fuse")
     res["compiled_step"] = bc.mlp_whole_step_functional()
-    res["cpu_eager"] = cpu_eager()
+    res["cpu_eager"] = bc.mlp_module_step("cpu", None)
     res["first_step"] = first_steps()
     report(res)
     if os.environ.get("OUT"):
