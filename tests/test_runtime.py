@@ -130,6 +130,18 @@ def test_autoload_can_be_disabled():
     assert r.stdout.split() == ["False", "[1.0,", "1.0]"]
 
 
+def test_importing_torchtpu_before_torch_works():
+    r = _run(
+        """
+        import torchtpu
+        import torch
+        print(torchtpu.get_eager_mode(), (torch.ones(2, device="tpu") + 1).cpu().tolist())
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["eager", "[2.0,", "2.0]"]
+
+
 def test_platform_default_is_cpu():
     import torchtpu
 

@@ -11,7 +11,6 @@ import threading
 from typing import Any
 
 from . import metrics
-from .eager.modes import eager_mode, get_eager_mode, set_eager_mode
 
 __all__ = ["eager_mode", "get_eager_mode", "mark_dynamic", "metrics", "platform", "set_eager_mode"]
 __version__ = "0.1.0"
@@ -25,6 +24,10 @@ def _autoload() -> None:
     global _loaded
     if _loaded:
         return
+    # When torchtpu is imported before torch, importing torch runs its backend autoload,
+    # which calls back into _autoload: let that inner call do the work, outside the lock.
+    import torch  # noqa: F401
+
     with _load_lock:
         if _loaded:
             return
@@ -37,6 +40,29 @@ def _autoload() -> None:
 
         register_backend()
         _loaded = True
+
+
+# The mode API is imported lazily: torchtpu may be imported before torch, and importing
+# torch runs the autoload entry point, which needs this module to be defined first.
+def set_eager_mode(mode: str) -> None:
+    """Set the execution mode: "eager", "defer_and_fuse" or "launch_blocking"."""
+    from .eager.modes import set_eager_mode as _set
+
+    _set(mode)
+
+
+def get_eager_mode() -> str:
+    """The calling thread's execution mode."""
+    from .eager.modes import get_eager_mode as _get
+
+    return _get()
+
+
+def eager_mode(mode: str) -> Any:
+    """Context manager: ``with torchtpu.eager_mode("defer_and_fuse"): ...`` (this thread)."""
+    from .eager.modes import eager_mode as _ctx
+
+    return _ctx(mode)
 
 
 def mark_dynamic(t: Any, dim: int, max_size: int) -> Any:
