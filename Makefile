@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchtpu-installed
 
-.PHONY: demo test test-all bench lint clean
+.PHONY: demo test test-all test-ops bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ test: $(STAMP)
 # Everything, including the long suites.
 test-all: $(STAMP)
 	$(PY) -m pytest tests -q -p no:cacheprovider; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
+
+# The whole OpInfo conformance run (every dtype, in-place and out= variants, gradients,
+# every sample; long), then the coverage report from its results.
+test-ops: $(STAMP)
+	$(PY) -m pytest tests/test_opinfo.py tests/test_core_ops.py -q -p no:cacheprovider -m "slow or not slow"; rc=$$?; \
+	$(PY) -m torchtpu.coverage --from build/opinfo-full.json --markdown build/coverage.md > /dev/null || true; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
 bench: $(STAMP)

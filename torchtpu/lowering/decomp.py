@@ -39,7 +39,16 @@ def decomposition_for(op: Any) -> Any:
         # CompositeImplicitAutograd ops decompose through their own kernel when traced.
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
             return functools.partial(_composite_implicit, op)
-    return fn
+    return None if fn is None else functools.partial(_plain_tuple, fn)
+
+
+def _plain_tuple(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """PyTorch's decompositions may return a named tuple (aminmax, log_sigmoid_forward);
+    tracing would record its constructor as a graph node: return a plain tuple instead."""
+    out = fn(*args, **kwargs)
+    if isinstance(out, tuple) and hasattr(out, "_fields"):
+        return tuple(out)
+    return out
 
 
 def _composite_implicit(op: Any, *args: Any, **kwargs: Any) -> Any:
@@ -60,3 +69,57 @@ def _tracing_table(_n_rules: int, _n_own: int) -> dict:
     core, full = _pytorch_tables()
     table = {**full, **core, **OWN}
     return {op: fn for op, fn in table.items() if op not in registry.RULES}
+
+
+aten = torch.ops.aten
+
+
+def _pnorm_last(d: torch.Tensor, p: float) -> torch.Tensor:
+    """The p-norm over the last dimension of differences ``d``, as torch.cdist defines it."""
+    if p == 0:
+        return (d != 0).to(d.dtype).sum(-1)
+    if p == float("inf"):
+        return d.abs().amax(-1)
+    if p == 1:
+        return d.abs().sum(-1)
+    if p == 2:
+        return (d * d).sum(-1).sqrt()
+    return d.abs().pow(p).sum(-1).pow(1.0 / p)
+
+
+@register_own(aten._cdist_forward.default)
+def _cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: Any = None) -> torch.Tensor:
+    # Direct differences: exact like the CPU kernel's p != 2 path (and more accurate than
+    # the matmul formulation the CPU may pick for p == 2).
+    return _pnorm_last(x1.unsqueeze(-2) - x2.unsqueeze(-3), p)
+
+
+@register_own(aten._pdist_forward.default)
+def _pdist_forward(x: torch.Tensor, p: float = 2.0) -> torch.Tensor:
+    n = x.shape[0]
+    if n < 2:
+        return x.new_zeros((0,))
+    full = _pnorm_last(x.unsqueeze(1) - x.unsqueeze(0), p)
+    # the strict upper triangle, row by row (static slices: no index tensor needed)
+    return torch.cat([full[i, i + 1 :] for i in range(n - 1)])
+
+
+@register_own(aten._cdist_backward.default)
+def _cdist_backward(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, p: float, dist: torch.Tensor) -> torch.Tensor:
+    """d cdist / d x1, like the CPU kernel: pairs at distance 0 contribute nothing."""
+    d = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # [..., n1, n2, m]
+    dist = dist.unsqueeze(-1)
+    g = grad.unsqueeze(-1)
+    if p == 0:
+        return torch.zeros_like(x1)
+    if p == 1:
+        w = d.sign()
+    elif p == float("inf"):
+        w = d.sign() * (d.abs() == dist).to(d.dtype)
+    elif p == 2:
+        w = d / dist
+    else:
+        w = d.sign() * d.abs().pow(p - 1) / dist.pow(p - 1)
+    w = torch.where(dist == 0, torch.zeros_like(w), w)
+    out = (g * w).sum(-2)
+    return out.sum_to_size(x1.shape) if out.shape != x1.shape else out

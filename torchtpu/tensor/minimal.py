@@ -208,6 +208,13 @@ def local_scalar_dense(x: torch.Tensor) -> Any:
     return to_cpu(x, "item").item()
 
 
+def equal(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """torch.equal returns a Python bool: compare on the device, read back one flag."""
+    if x.shape != y.shape:
+        return False
+    return bool(torch.eq(x, y).all().item())
+
+
 # -- metadata -----------------------------------------------------------------------------
 def resize_(x: torch.Tensor, size: list[int], memory_format: Any = None) -> torch.Tensor:
     strides = contiguous_strides(size)
@@ -298,6 +305,7 @@ def kernels() -> dict[Any, Any]:
         aten._copy_from_and_resize.default: copy_from_and_resize,
         aten._to_copy.default: to_copy,
         aten._local_scalar_dense.default: local_scalar_dense,
+        aten.equal.default: equal,
         aten.resize_.default: resize_,
         aten.set_.source_Storage_storage_offset: set_source_storage_offset,
         aten.set_.source_Storage: set_source_storage,

@@ -58,6 +58,8 @@ _INT_OK = {aten.abs, aten.neg, aten.floor, aten.ceil, aten.round}
 def _unary(hlo: str, int_ok: bool) -> Any:
     def rule(L: NodeLowering, x: Value) -> Value:
         out = L.out[0].dtype
+        if is_complex(x.dtype) and not is_complex(out):  # abs: complex -> its real modulus
+            return L.b.op1(hlo, [x], x.shape, out)
         if int_ok and not is_float(x.dtype) and not is_complex(x.dtype):
             if hlo in ("stablehlo.floor", "stablehlo.ceil", "stablehlo.round_nearest_even"):
                 return x
@@ -130,8 +132,17 @@ def bitwise_not(L: NodeLowering, x: Value) -> Value:
     return L.b.unary("not", x)
 
 
+def _either_part(L: NodeLowering, x: Value, test: Any, combine: str = "or") -> Value:
+    """isnan/isinf/isfinite of a complex number combine the tests of its two parts."""
+    from .complex import imag, real
+
+    return L.b.binary(combine, test(L, real(L, x)), test(L, imag(L, x)))
+
+
 @register(aten.isnan.default)
 def isnan(L: NodeLowering, x: Value) -> Value:
+    if is_complex(x.dtype):
+        return _either_part(L, x, isnan)
     if not is_float(x.dtype):
         return L.full(False, x.shape, torch.bool)
     return L.b.compare(x, x, "NE")
@@ -139,6 +150,8 @@ def isnan(L: NodeLowering, x: Value) -> Value:
 
 @register(aten.isinf.default)
 def isinf(L: NodeLowering, x: Value) -> Value:
+    if is_complex(x.dtype):
+        return _either_part(L, x, isinf)
     if not is_float(x.dtype):
         return L.full(False, x.shape, torch.bool)
     return L.b.compare(L.b.unary("abs", x), L.full(float("inf"), x.shape, x.dtype), "EQ")
@@ -146,6 +159,8 @@ def isinf(L: NodeLowering, x: Value) -> Value:
 
 @register(aten.isfinite.default)
 def isfinite(L: NodeLowering, x: Value) -> Value:
+    if is_complex(x.dtype):
+        return _either_part(L, x, isfinite, "and")
     if not is_float(x.dtype):
         return L.full(True, x.shape, torch.bool)
     return L.b.op1("stablehlo.is_finite", [x], x.shape, torch.bool)
@@ -518,3 +533,104 @@ def masked_fill(L: NodeLowering, x: Value, mask: Value, value: Any) -> Value:
         value = L.b.reshape(value, ())
     fillv = L.broadcast_to(L.to(value, out.dtype), out.shape) if isinstance(value, Value) else L.full(value, out.shape, out.dtype)
     return L.b.select(mask, fillv, x)
+
+
+# -- special functions and prims that PyTorch's decompositions emit ----------------------------
+register(aten.erfc.default, prims.erfc.default)(_unary("chlo.erfc", False))
+register(prims.round.default)(_unary("stablehlo.round_nearest_even", True))
+register(prims.bessel_i1e.default, aten.special_i1e.default)(_unary("chlo.bessel_i1e", False))
+
+
+def _f32_compute(L: NodeLowering, hlo: str, *xs: Value) -> Value:
+    """A CHLO op in the output dtype (16-bit floats compute in f32, as PyTorch's opmath does)."""
+    out = L.out[0].dtype
+    work = torch.float32 if out in (torch.float16, torch.bfloat16) else out
+    xs = L.promote(*xs, dtype=work)
+    return L.to(L.b.op1(hlo, xs, xs[0].shape, work), out)
+
+
+@register(aten.nextafter.default, prims.nextafter.default)
+def nextafter(L: NodeLowering, x: Any, y: Any) -> Value:
+    x, y = L.promote(x, y, dtype=L.out[0].dtype)  # exact in the output dtype, never upcast
+    return L.b.op1("chlo.next_after", [x, y], x.shape, x.dtype)
+
+
+@register(aten.special_zeta.default, prims.zeta.default)
+def zeta(L: NodeLowering, x: Any, q: Any) -> Value:
+    return _f32_compute(L, "chlo.zeta", x, q)
+
+
+@register(aten.signbit.default, prims.signbit.default)
+def signbit(L: NodeLowering, x: Value) -> Value:
+    b = L.b
+    if x.dtype is torch.bool or is_unsigned(x.dtype):
+        return L.full(False, x.shape, torch.bool)
+    if not is_float(x.dtype):
+        return b.compare(x, L.zeros(x.shape, x.dtype), "LT")
+    # the sign bit itself (true for -0.0 and negative NaNs, like std::signbit)
+    ibits = {torch.float64: torch.int64, torch.float32: torch.int32}.get(x.dtype, torch.int16)
+    bits = b.bitcast_convert(x, x.shape, ibits)
+    return b.compare(bits, L.zeros(x.shape, ibits), "LT")
+
+
+@register(aten.hypot.default, prims.hypot.default)
+def hypot(L: NodeLowering, x: Any, y: Any) -> Value:
+    """sqrt(x^2 + y^2) without overflow: m * sqrt(1 + (n/m)^2), m = max(|x|, |y|)."""
+    b = L.b
+    out = L.out[0].dtype
+    work = torch.float32 if out in (torch.float16, torch.bfloat16) else out
+    x, y = L.promote(x, y, dtype=work)
+    ax, ay = b.unary("abs", x), b.unary("abs", y)
+    m, n = b.binary("maximum", ax, ay), b.binary("minimum", ax, ay)
+    zero, one = L.zeros(m.shape, work), L.full(1, m.shape, work)
+    m_is_zero = b.compare(m, zero, "EQ")
+    r = b.binary("divide", n, b.select(m_is_zero, one, m))
+    res = b.binary("multiply", m, b.unary("sqrt", b.binary("add", one, b.binary("multiply", r, r))))
+    inf = L.full(float("inf"), m.shape, work)
+    res = b.select(b.compare(m, inf, "EQ"), inf, res)  # hypot(inf, nan) is inf
+    return L.to(res, out)
+
+
+@register(aten.round.decimals)
+def round_decimals(L: NodeLowering, x: Value, decimals: int = 0) -> Value:
+    """As the CPU kernel: nearbyint(x * p) / p with p = 10^d computed in x's dtype."""
+    b = L.b
+    if decimals == 0 or not is_float(x.dtype):
+        return b.unary("round_nearest_even", x) if is_float(x.dtype) else x
+    ten = torch.tensor(10.0, dtype=x.dtype) ** abs(decimals)
+    if decimals < 0:
+        ten = 1.0 / ten
+    p = L.full(ten.item(), x.shape, x.dtype)
+    return b.binary("divide", b.unary("round_nearest_even", b.binary("multiply", x, p)), p)
+
+
+# prims that PyTorch's decompositions (torch._refs) emit and that mean exactly their aten op
+# for same-dtype operands (prims.div and prims.remainder differ on integers: not here).
+_PRIMS_AS_ATEN = {
+    name: (getattr(prims, name).default, getattr(aten, aname).default if "." not in aname else getattr(getattr(aten, aname.split(".")[0]), aname.split(".")[1]))
+    for name, aname in {
+        "abs": "abs", "neg": "neg", "exp": "exp", "expm1": "expm1", "log": "log", "log1p": "log1p",
+        "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh", "sin": "sin", "cos": "cos", "tan": "tan",
+        "floor": "floor", "ceil": "ceil", "sign": "sign", "erf": "erf", "erf_inv": "erfinv",
+        "lgamma": "lgamma", "digamma": "digamma", "asin": "asin", "acos": "acos", "atan": "atan",
+        "sinh": "sinh", "cosh": "cosh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
+        "trunc": "trunc", "exp2": "exp2", "log2": "log2", "log10": "log10", "bitwise_not": "bitwise_not",
+        "isfinite": "isfinite", "add": "add.Tensor", "sub": "sub.Tensor", "mul": "mul.Tensor",
+        "atan2": "atan2", "pow": "pow.Tensor_Tensor", "maximum": "maximum", "minimum": "minimum",
+        "eq": "eq.Tensor", "ne": "ne.Tensor", "lt": "lt.Tensor", "le": "le.Tensor", "gt": "gt.Tensor",
+        "ge": "ge.Tensor", "bitwise_and": "bitwise_and.Tensor", "bitwise_or": "bitwise_or.Tensor",
+        "bitwise_xor": "bitwise_xor.Tensor", "fmod": "fmod.Tensor", "where": "where.self",
+    }.items()
+    if hasattr(prims, name)
+}
+
+
+def _alias_prims() -> None:
+    from ..registry import RULES
+
+    for prim, aten_op in _PRIMS_AS_ATEN.values():
+        if prim not in RULES and aten_op in RULES:
+            RULES[prim] = RULES[aten_op]
+
+
+_alias_prims()

@@ -1,0 +1,1 @@
+"""Test support: the OpInfo conformance runner and its expected-failure data."""
