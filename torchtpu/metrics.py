@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
 from collections import Counter
+from typing import Any
 
 _lock = threading.Lock()
 _counts: Counter = Counter()
