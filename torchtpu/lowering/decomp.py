@@ -108,6 +108,8 @@ def _pdist_forward(x: torch.Tensor, p: float = 2.0) -> torch.Tensor:
 def _cdist_backward(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, p: float, dist: torch.Tensor) -> torch.Tensor:
     """d cdist / d x1, like the CPU kernel: pairs at distance 0 contribute nothing."""
     d = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # [..., n1, n2, m]
+    if d.numel() == 0:  # the CPU kernel's answer for empty inputs
+        return torch.zeros_like(x1)
     dist = dist.unsqueeze(-1)
     g = grad.unsqueeze(-1)
     if p == 0:
@@ -121,5 +123,6 @@ def _cdist_backward(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, p: f
     else:
         w = d.sign() * d.abs().pow(p - 1) / dist.pow(p - 1)
     w = torch.where(dist == 0, torch.zeros_like(w), w)
-    out = (g * w).sum(-2)
-    return out.sum_to_size(x1.shape) if out.shape != x1.shape else out
+    # like the CPU kernel, the result has the *broadcast* batch shape (autograd then sums
+    # it to x1's shape); summing here as well would count broadcast batches twice
+    return (g * w).sum(-2)

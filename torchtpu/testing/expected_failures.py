@@ -49,7 +49,6 @@ XFAIL: dict[Key, str] = {
     ("nn.functional.bilinear", "bfloat16", "grad"): (
         "XLA's CPU runtime rejects one of the backward's dots (DotThunk: BF16 x BF16 = F32 unsupported for that shape)"
     ),
-    ("cdist", None, "grad"): "one sample's gradient comes back zero where the CPU's is not (batch-broadcast case); under investigation",
     ("cholesky_inverse", None, None): _LINALG,
     ("cholesky_solve", None, None): _LINALG,
     (
