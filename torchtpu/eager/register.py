@@ -110,7 +110,10 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
         return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
     if training:
         return aten._native_batch_norm_legit.default(input, weight, bias, running_mean, running_var, True, momentum, eps)
-    return aten._native_batch_norm_legit_no_training.default(input, weight, bias, running_mean, running_var, momentum, eps)
+    out = aten._native_batch_norm_legit_no_training.default(input, weight, bias, running_mean, running_var, momentum, eps)[0]
+    # in eval mode the CPU and CUDA kernels return empty save_mean/save_invstd
+    empty = input.new_empty((0,), dtype=running_mean.dtype)
+    return out, empty, empty.clone()
 
 
 def _lu_layout_kernel(name: str) -> Any:

@@ -68,11 +68,6 @@ XFAIL: dict[Key, str] = {
     ("geqrf", None, None): _LINALG,
     ("matrix_exp", None, None): _LINALG,
     (
-        "native_batch_norm",
-        None,
-        "fwd",
-    ): "eval mode: save_mean/save_invstd come back with shape [C] (what the meta kernel says) where the CPU kernel returns empty tensors; the normalized output matches",
-    (
         "_native_batch_norm_legit",
         None,
         "fwd",
