@@ -246,6 +246,16 @@ def test_matmul_transposed():
     _same(f, (3, 4), (3, 5))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_batched_matmul_of_transposed_16bit_views(dtype, batch):
+    # XLA CPU cannot run some bf16 x bf16 -> f32 dots it rewrites from unit-batch ones
+    a = torch.randn(batch, 8, 3).to(dtype)
+    b = torch.randn(batch, 8, 4).to(dtype)
+    got = torch.bmm(a.to("tpu").transpose(1, 2), b.to("tpu")).cpu()
+    torch.testing.assert_close(got, torch.bmm(a.transpose(1, 2), b))
+
+
 def test_copy_into_view_from_view():
     def f(x, y):
         x[:, 1:3].copy_(y.t()[:, ::2])

@@ -46,9 +46,6 @@ _POLYGAMMA = (
 XFAIL: dict[Key, str] = {
     ("softmax", "float16", "grad"): "one element of the 16-bit gradient differs from the CPU by one rounding step (2e-5, beyond atol 1e-5)",
     ("softmax", "bfloat16", "grad"): "one element of the 16-bit gradient differs from the CPU by one rounding step (9e-5, beyond atol 1e-5)",
-    ("nn.functional.bilinear", "bfloat16", "grad"): (
-        "XLA's CPU runtime rejects one of the backward's dots (DotThunk: BF16 x BF16 = F32 unsupported for that shape)"
-    ),
     ("cholesky_inverse", None, None): _LINALG,
     ("cholesky_solve", None, None): _LINALG,
     (

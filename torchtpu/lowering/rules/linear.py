@@ -26,8 +26,27 @@ def dot(L: NodeLowering, lhs: Value, rhs: Value, lc: list[int], rc: list[int], l
     acc = torch.float32 if lhs.dtype in _LOW_PRECISION else lhs.dtype
     if lhs.dtype is torch.bool:
         lhs, rhs, acc = L.to(lhs, torch.int32), L.to(rhs, torch.int32), torch.int32
+    if lb and acc != lhs.dtype and all(lhs.shape[d] == 1 for d in lb):
+        return L.to(_dot_without_unit_batch(L, lhs, rhs, lc, rc, lb, rb, acc), out)
     r = L.b.dot_general(lhs, rhs, lc, rc, lb, rb, out_dtype=acc, precision=L.ctx.precision)
     return L.to(r, out)
+
+
+def _dot_without_unit_batch(L: NodeLowering, lhs: Value, rhs: Value, lc: list[int], rc: list[int], lb: list[int], rb: list[int], acc: torch.dtype) -> Value:
+    """The same dot with its size-1 batch dimensions squeezed out. XLA's CPU runtime
+    rewrites such a dot itself and, for bf16 x bf16 -> f32 with a transposed operand,
+    reaches a DotThunk that cannot run it ("Unsupported element type"); a plain 2-D dot
+    takes the fast bf16 path."""
+    b = L.b
+
+    def squeeze(x: Value, batch: list[int], contract: list[int]) -> tuple[Value, list[int]]:
+        keep = [d for d in range(x.rank) if d not in batch]
+        return b.reshape(x, [x.shape[d] for d in keep]), [keep.index(d) for d in contract]
+
+    l2, lc2 = squeeze(lhs, list(lb), list(lc))
+    r2, rc2 = squeeze(rhs, list(rb), list(rc))
+    r = b.dot_general(l2, r2, lc2, rc2, [], [], out_dtype=acc, precision=L.ctx.precision)
+    return b.reshape(r, [1] * len(lb) + list(r.shape))
 
 
 def _beta_alpha(L: NodeLowering, base: Value | None, prod: Value, beta: Any, alpha: Any) -> Value:
