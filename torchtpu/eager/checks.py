@@ -48,6 +48,12 @@ def add(flags: list[Any], op: str, messages: list[str], where: str) -> None:
             _pending.append((buf, op, msg, where))
 
 
+def clear() -> None:
+    """Drop every pending check without reading it (tests isolate themselves with this)."""
+    with _lock:
+        _pending.clear()
+
+
 def has_pending() -> bool:
     return bool(_pending)
 

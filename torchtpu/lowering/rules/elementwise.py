@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -41,7 +42,6 @@ _UNARY_HLO = {
     aten.erf: "chlo.erf",
     aten.erfinv: "chlo.erf_inv",
     aten.lgamma: "chlo.lgamma",
-    aten.digamma: "chlo.digamma",
     aten.asin: "chlo.asin",
     aten.acos: "chlo.acos",
     aten.atan: "chlo.atan",
@@ -558,6 +558,82 @@ def nextafter(L: NodeLowering, x: Any, y: Any) -> Value:
 @register(aten.special_zeta.default, prims.zeta.default)
 def zeta(L: NodeLowering, x: Any, q: Any) -> Value:
     return _f32_compute(L, "chlo.zeta", x, q)
+
+
+@register(aten.digamma.default, aten.special_digamma.default)
+def digamma(L: NodeLowering, x: Any) -> Value:
+    """chlo.digamma, with the CPU kernel's values at zero: digamma(+-0) = -+inf."""
+    out = L.out[0].dtype
+    work = torch.float32 if out in (torch.float16, torch.bfloat16) else out
+    (x,) = L.promote(x, dtype=work)
+    b = L.b
+    zero = L.zeros(x.shape, work)
+    r = b.op1("chlo.digamma", [x], x.shape, work)
+    at_zero = b.select(b.op1("stablehlo.is_finite", [b.binary("divide", L.full(1.0, x.shape, work), x)], x.shape, torch.bool),
+                       zero, b.binary("divide", L.full(-1.0, x.shape, work), x))  # 1/x is +-inf exactly at +-0
+    return L.to(b.select(b.compare(x, zero, "EQ"), at_zero, r), out)
+
+
+def _trigamma(L: NodeLowering, x: Value) -> Value:
+    """The CPU kernel's trigamma (calc_trigamma): reflection below 1/2, six recurrence
+    steps, then the asymptotic series — same algorithm, so the same values near poles."""
+    b = L.b
+    full = lambda v: L.full(v, x.shape, x.dtype)  # noqa: E731
+    add, sub, mul, div = (lambda p, q, n=n: b.binary(n, p, q) for n in ("add", "subtract", "multiply", "divide"))
+    reflect = b.compare(x, full(0.5), "LT")
+    s = b.unary("sine", mul(full(math.pi), x))
+    result = b.select(reflect, b.unary("negate", div(full(math.pi**2), mul(s, s))), full(0.0))
+    sign = b.select(reflect, full(-1.0), full(1.0))
+    x = b.select(reflect, sub(full(1.0), x), x)
+    for _ in range(6):
+        result = add(result, div(full(1.0), mul(x, x)))
+        x = add(x, full(1.0))
+    ixx = div(full(1.0), mul(x, x))
+    series = sub(full(1.0 / 6), mul(ixx, sub(full(1.0 / 30), mul(ixx, full(1.0 / 42)))))
+    tail = div(add(add(full(1.0), div(full(1.0), mul(full(2.0), x))), mul(ixx, series)), x)
+    return mul(sign, add(result, tail))
+
+
+@register(aten.polygamma.default, aten.special_polygamma.default)
+def polygamma(L: NodeLowering, n: int, x: Any) -> Value:
+    """n = 0: digamma; n = 1: the CPU's trigamma algorithm; n >= 2: (-1)^(n+1) n! zeta(n+1, x)
+    (PyTorch's CPU identity), with the signed infinity the CPU returns at the poles."""
+    if n == 0:
+        return digamma(L, x)
+    out = L.out[0].dtype
+    work = torch.float32 if out in (torch.float16, torch.bfloat16) else out
+    (x,) = L.promote(x, dtype=work)
+    if n == 1:
+        return L.to(_trigamma(L, x), out)
+    b = L.b
+    sign = -1.0 if n % 2 == 0 else 1.0
+    r = b.binary("multiply", _hurwitz_zeta(L, float(n + 1), x), L.full(sign * math.factorial(n), x.shape, work))
+    pole = b.binary("and", b.compare(x, L.zeros(x.shape, work), "LE"), b.compare(b.unary("floor", x), x, "EQ"))
+    return L.to(b.select(pole, L.full(sign * math.inf, x.shape, work), r), out)
+
+
+_ZETA_SHIFT = 64  # negative arguments down to -64 are shifted into CHLO's accurate range
+
+
+def _hurwitz_zeta(L: NodeLowering, s: float, x: Value) -> Value:
+    """zeta(s, x) = sum_{k<m} (x+k)^-s + zeta(s, x+m): CHLO's zeta is accurate for x > 0
+    only, so a negative x is shifted up by m = ceil(-x) (at most _ZETA_SHIFT terms, summed
+    as one vectorised reduction). Below -_ZETA_SHIFT a device-side check reports the
+    input instead of returning a wrong number."""
+    b = L.b
+    dt, shape, n = x.dtype, x.shape, _ZETA_SHIFT
+    full = lambda v, sh=shape: L.full(v, sh, dt)  # noqa: E731
+    L.check(b.compare(x, full(-float(n)), "LT"), f"polygamma/zeta of inputs below -{n} is not supported on tpu; compute it on the CPU")
+    m = b.clamp(full(0.0), b.unary("ceil", b.unary("negate", x)), full(float(n)))
+    shifted = b.binary("add", x, m)
+    z = b.op1("chlo.zeta", [full(s), shifted], shape, dt)
+    wide = tuple(shape) + (n,)
+    k = b.iota(wide, len(shape), dt)
+    xs = b.binary("add", b.broadcast_in_dim(x, wide, list(range(len(shape)))), k)
+    terms = b.binary("power", xs, full(-s, wide))
+    terms = b.select(b.compare(k, b.broadcast_in_dim(m, wide, list(range(len(shape)))), "LT"), terms, full(0.0, wide))
+    (head,) = b.reduce([terms], [b.constant(0.0, dt)], [len(shape)], lambda acc, t: [b.binary("add", acc, t)])
+    return b.binary("add", head, z)
 
 
 @register(aten.signbit.default, prims.signbit.default)
