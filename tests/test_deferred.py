@@ -356,3 +356,25 @@ def test_missing_op_raises_at_record_time_under_defer():
         with pytest.raises(NotImplementedError, match="aten::histc"):
             torch.histc(y)
         assert (y.cpu() == x.cpu() + 1).all()
+
+
+def test_a_failed_flush_poisons_its_tensors_instead_of_returning_stale_data(monkeypatch):
+    from torchtpu.errors import TpuError, TpuRuntimeError
+    from torchtpu.runtime import cache
+
+    x = torch.randn(5, device="tpu")
+
+    def broken(text, what):
+        raise TpuRuntimeError("torchtpu: XLA could not compile the program (simulated)")
+
+    with torchtpu.eager_mode("defer_and_fuse"):
+        y = x.exp().mul(3.25).add(1.5).neg()  # a structure no other test compiled
+        monkeypatch.setattr(cache, "compile", broken)
+        with pytest.raises(TpuRuntimeError, match="simulated"):
+            y.cpu()
+        monkeypatch.undo()
+        with pytest.raises(TpuError, match="failed earlier"):
+            y.cpu()
+        with pytest.raises(TpuError, match="failed earlier"):
+            (y + 1).cpu()
+        assert (x * 2).cpu().tolist() == (x.cpu() * 2).tolist()  # the device is fine

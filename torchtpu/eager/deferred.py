@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from .. import metrics
+from ..errors import TpuError
 from ..lowering.context import ProgramContext
 from ..runtime import cache, pjrt
 from ..tensor.storage import Cell, new_tensor
@@ -238,7 +239,34 @@ def _flush_graph(g: Graph, reason: str) -> None:
             _local.graph = None
         if not g.nodes:
             return
-        _run(g, reason)
+        try:
+            _run(g, reason)
+        except Exception as e:
+            _poison(g, e)
+            raise
+
+
+class _Failed:
+    """Stands in for the graph of cells whose pending computation failed: reading them
+    raises the original error again instead of returning stale or zero data."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def flush_for(self, cell: Cell) -> None:
+        raise TpuError(
+            "torchtpu: the deferred computation that produces this tensor failed earlier "
+            f"({type(self.error).__name__}: {str(self.error)[:500]}); recompute it (for example in "
+            "torchtpu.eager_mode('eager') to find the op)"
+        ) from self.error
+
+
+def _poison(g: Graph, error: BaseException) -> None:
+    failed = _Failed(error)
+    for ref in g.cells:
+        cell = ref()
+        if cell is not None and cell.lazy is g:
+            cell.lazy = failed
 
 
 def _run(g: Graph, reason: str) -> None:
