@@ -41,6 +41,15 @@ def test_second_process_compiles_nothing(tmp_path):
     assert warm["y"] == cold["y"] == _expected()
 
 
+def test_defer_and_fuse_training_step_starts_warm_in_a_second_process(tmp_path):
+    env = {"TORCHTPU_DEFER_AND_FUSE": "1"}
+    cold = _run(tmp_path, env)
+    assert cold["flushes"] > 0 and cold["compiles"] > 0
+    warm = _run(tmp_path, env)
+    assert warm["compiles"] == 0 and warm["disk_cache_hits"] == cold["compiles"]
+    assert warm["y"] == cold["y"] == _expected()
+
+
 def test_empty_cache_dir_disables_the_disk_layer(tmp_path):
     env_dir = tmp_path / "unused"
     out = _run(env_dir, {"TORCHTPU_CACHE_DIR": ""})
