@@ -23,7 +23,8 @@ _RESULTS: dict[str, list[opinfo.Result]] = {"quick": [], "full": []}
 _BUILD = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build")
 
 QUICK = opinfo.cases([torch.float32], ("fwd", "grad"))
-FULL = opinfo.cases(None, opinfo.MODES)
+FULL = opinfo.shard(opinfo.cases(None, opinfo.MODES), os.environ.get("TORCHTPU_OPINFO_SHARD"))
+_SHARD_SUFFIX = os.environ.get("TORCHTPU_OPINFO_SHARD", "").replace("/", "of")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -32,8 +33,9 @@ def _write_results():
     os.makedirs(_BUILD, exist_ok=True)
     for name, results in _RESULTS.items():
         if results:
+            suffix = f"-shard{_SHARD_SUFFIX}" if name == "full" and _SHARD_SUFFIX else ""
             opinfo.write_json(
-                results, os.path.join(_BUILD, f"opinfo-{name}.json"), {"description": f"tests/test_opinfo.py {name} run"}
+                results, os.path.join(_BUILD, f"opinfo-{name}{suffix}.json"), {"description": f"tests/test_opinfo.py {name} run"}
             )
 
 

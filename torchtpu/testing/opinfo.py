@@ -378,6 +378,18 @@ def run_all(
     return out
 
 
+def shard(cases: list[Case], spec: str | None) -> list[Case]:
+    """The ``i/N`` shard of ``cases``: whole ops, contiguous, so a shard is one process
+    running a slice of op_db (``python -m torchtpu.testing.shards`` runs them all)."""
+    if not spec:
+        return cases
+    i, n = (int(x) for x in spec.split("/"))
+    ops = list(dict.fromkeys(c.op_id for c in cases))
+    per = -(-len(ops) // n)
+    mine = set(ops[i * per : (i + 1) * per])
+    return [c for c in cases if c.op_id in mine]
+
+
 def write_json(results: list[Result], path: str, meta: dict[str, Any] | None = None) -> None:
     with open(path, "w") as f:
         json.dump({"meta": meta or {}, "results": [asdict(r) for r in results]}, f, indent=0)
