@@ -164,15 +164,6 @@ class Runtime:
 
     # -- persistent artifacts -------------------------------------------------------
     def serialize(self, exe: Executable) -> bytes:
-        # Serializing while other programs are still running has crashed the process in
-        # long runs (XLA CPU, jaxlib 0.10.2); wait for the device to be idle first. This
-        # only happens on a compile (a cache miss), where the wait is cheap.
-        live = [a for a in self.client.live_arrays() if not a.is_deleted()]
-        if live:
-            try:
-                self._jax.batched_block_until_ready(live)
-            except self._jax.JaxRuntimeError:
-                pass  # a failed computation: its error surfaces where its result is read
         return self.client.serialize_executable(exe)
 
     def deserialize(self, blob: bytes) -> Executable:
