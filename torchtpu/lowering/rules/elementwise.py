@@ -176,7 +176,11 @@ def _scaled(L: NodeLowering, y: Value, alpha: Any) -> Value:
 @register(aten.add.Tensor, aten.add.Scalar)
 def add(L: NodeLowering, x: Any, y: Any, alpha: Any = 1) -> Value:
     x, y = L.promote(x, y, dtype=L.out[0].dtype)
-    if x.dtype is torch.bool:
+    if x.dtype is torch.bool:  # x + alpha*y on bools: x or (alpha and y)
+        if alpha is not None and not isinstance(alpha, Value) and not alpha:
+            return x
+        if isinstance(alpha, Value):
+            y = L.b.binary("and", y, L.broadcast_to(L.to(alpha, torch.bool), y.shape))
         return L.b.binary("or", x, y)
     return L.b.binary("add", x, _scaled(L, y, alpha))
 
