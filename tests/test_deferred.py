@@ -369,7 +369,7 @@ def test_a_failed_flush_poisons_its_tensors_instead_of_returning_stale_data(monk
 
     with torchtpu.eager_mode("defer_and_fuse"):
         y = x.exp().mul(3.25).add(1.5).neg()  # a structure no other test compiled
-        monkeypatch.setattr(cache, "compile", broken)
+        monkeypatch.setattr(cache, "compile_keyed", broken)
         with pytest.raises(TpuRuntimeError, match="simulated"):
             y.cpu()
         monkeypatch.undo()

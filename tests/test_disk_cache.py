@@ -94,3 +94,19 @@ def test_two_processes_share_one_directory(tmp_path):
     assert sum(r.get("disk_cache_writes", 0) for r in results) == n_programs
     assert not list(tmp_path.rglob("*.lock")) and not list(tmp_path.rglob("*.tmp"))
     assert _run(tmp_path)["compiles"] == 0
+
+
+def test_live_executables_are_bounded_and_evicted_ones_come_back(monkeypatch):
+    import torch
+
+    import torchtpu
+    from torchtpu.runtime import cache
+
+    monkeypatch.setenv("TORCHTPU_MAX_EXECUTABLES", "4")
+    torchtpu.metrics.reset()
+    xs = [torch.arange(float(n), device="tpu") for n in range(3, 11)]
+    outs = [(x * 3 - 1).cpu() for x in xs]  # 8 shapes: 8+ programs through a 4-entry cache
+    assert len(cache._memory) <= 4
+    assert torchtpu.metrics.snapshot()["executables_evicted"] > 0
+    again = (xs[0] * 3 - 1).cpu()  # its program was evicted: reloaded (disk) or recompiled
+    assert again.tolist() == outs[0].tolist() == [-1.0, 2.0, 5.0]

@@ -32,6 +32,11 @@ ENV_VARS: dict[str, EnvVar] = {
             "Persistent compilation cache directory ($XDG_CACHE_HOME/torchtpu by default); empty disables it.",
         ),
         EnvVar("TORCHTPU_LOG_RECOMPILES", "0", "1: print why torch.compile needed a new program."),
+        EnvVar(
+            "TORCHTPU_MAX_EXECUTABLES",
+            "4096",
+            "Live compiled programs kept in memory (least recently used dropped beyond it; reloaded from the disk cache).",
+        ),
         EnvVar("TORCHTPU_DUMP_DIR", "", "Directory to write each compiled program's StableHLO (and its FX graph) to."),
         EnvVar("TORCHTPU_DEFER_AND_FUSE", "0", "1: start in DeferAndFuse eager mode (record ops, run fused programs)."),
         EnvVar("TORCHTPU_LAUNCH_BLOCKING", "0", "1: run every op synchronously; errors name the op and source line."),

@@ -51,10 +51,10 @@ IN, ZEROS, NEW = "in", "zeros", "new"
 
 
 class _Compiled:
-    __slots__ = ("exe", "donated", "check_nodes", "check_messages", "text")
+    __slots__ = ("key", "donated", "check_nodes", "check_messages", "text")
 
-    def __init__(self, exe: Any, donated: tuple, check_nodes: list[int], check_messages: list[str], text: str):
-        self.exe = exe
+    def __init__(self, key: str, donated: tuple, check_nodes: list[int], check_messages: list[str], text: str):
+        self.key = key  # the executable lives in runtime/cache.py (bounded)
         self.donated = donated
         self.check_nodes = check_nodes
         self.check_messages = check_messages
@@ -287,7 +287,10 @@ def _run(g: Graph, reason: str) -> None:
         if cell is not None:
             cell._buf = None  # still counted: the program's output replaces it
     t0 = time.perf_counter()
-    outs = pjrt.get().execute(compiled.exe, g.inputs + g.operands)
+    exe = cache.get(compiled.key)
+    if exe is None:  # evicted from the bounded executable cache
+        compiled.key, exe = cache.compile_keyed(compiled.text, "a fused graph evicted from the executable cache")
+    outs = pjrt.get().execute(exe, g.inputs + g.operands)
     g.inputs = g.operands = []
     metrics.add("execute_seconds", time.perf_counter() - t0)
     metrics.add("executions")
@@ -360,8 +363,8 @@ def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
         b.set_param_attr(i, f"tf.aliasing_output = {out_pos} : i32")
     outputs = [values[i] for i in live] + [flag for flag, _ in ctx.checks]
     text = b.module(outputs)
-    exe = cache.compile(text, f"fused graph of {len(g.nodes)} ops")
-    return _Compiled(exe, donated, check_nodes, [m for _, m in ctx.checks], text)
+    key, _ = cache.compile_keyed(text, f"fused graph of {len(g.nodes)} ops")
+    return _Compiled(key, donated, check_nodes, [m for _, m in ctx.checks], text)
 
 
 def _meta_args(node: _Node, g: Graph) -> tuple[list[Any], Any]:

@@ -41,10 +41,10 @@ from .plan import (
 
 
 class Program:
-    __slots__ = ("exe", "outputs", "n_outputs", "out_tree", "updates", "text", "n_inputs", "check_messages")
+    __slots__ = ("key", "outputs", "n_outputs", "out_tree", "updates", "text", "n_inputs", "check_messages")
 
-    def __init__(self, exe: Any, outputs: list, out_tree: Any, updates: list[int], text: str, n_inputs: int, check_messages: list[str]):
-        self.exe = exe
+    def __init__(self, key: str, outputs: list, out_tree: Any, updates: list[int], text: str, n_inputs: int, check_messages: list[str]):
+        self.key = key  # the executable lives in runtime/cache.py (bounded); see executable()
         self.out_tree = out_tree  # pytree spec of the op's new (non-mutated) outputs
         self.outputs = outputs  # per new output: (sizes, strides, dtype, numel), None for an absent one
         self.n_outputs = sum(1 for o in outputs if o is not None)
@@ -52,6 +52,12 @@ class Program:
         self.text = text
         self.n_inputs = n_inputs
         self.check_messages = check_messages  # one trailing bool output each (eager/checks.py)
+
+    def executable(self) -> Any:
+        exe = cache.get(self.key)
+        if exe is None:  # evicted from the bounded executable cache: reload or recompile
+            self.key, exe = cache.compile_keyed(self.text, "a program evicted from the executable cache")
+        return exe
 
 
 _CACHE: dict[tuple, Program] = {}
@@ -207,7 +213,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     if plan.random:
         inputs.append(rng.next_state_buffer())
     t0 = perf_counter()
-    outs = pjrt.get().execute(prog.exe, inputs)
+    outs = pjrt.get().execute(prog.executable(), inputs)
     metrics.add("execute_seconds", perf_counter() - t0)
     metrics.add("executions")
     if prog.check_messages:
@@ -315,9 +321,9 @@ def _build(plan: OpPlan, values: list[Any], call: _Call) -> Program:
     outputs = low.outputs + list(low.updates.values())
     outputs += [flag for flag, _ in ctx.checks]
     text = b.module(outputs)
-    exe = cache.compile(text, f"{plan.name} {[tuple(t.shape) for t in call.tensors]}")
+    key, _ = cache.compile_keyed(text, f"{plan.name} {[tuple(t.shape) for t in call.tensors]}")
     return Program(
-        exe, low.specs, None if low.simple else low.out_tree, list(low.updates), text, len(b.params), [m for _, m in ctx.checks]
+        key, low.specs, None if low.simple else low.out_tree, list(low.updates), text, len(b.params), [m for _, m in ctx.checks]
     )
 
 
@@ -325,19 +331,20 @@ def registered_rule(op: torch._ops.OpOverload) -> bool:
     return op in registry.RULES
 
 
-_UTILITY: dict[tuple, Any] = {}
+_UTILITY: dict[tuple, Program] = {}
 
 
 def run_utility(key: tuple, build: Any, inputs: list[Any]) -> list[Any]:
     """Run a small internal program (not an ATen op), built once per ``key``."""
-    exe = _UTILITY.get(key)
-    if exe is None:
+    prog = _UTILITY.get(key)
+    if prog is None:
         from ..stablehlo.builder import Builder
 
         b = Builder()
-        outs = build(b)
-        exe = _UTILITY[key] = cache.compile(b.module(outs), str(key[0]))
-    outs = pjrt.get().execute(exe, inputs)
+        text = b.module(build(b))
+        ckey, _ = cache.compile_keyed(text, str(key[0]))
+        prog = _UTILITY[key] = Program(ckey, [], None, [], text, len(b.params), [])
+    outs = pjrt.get().execute(prog.executable(), inputs)
     metrics.add("executions")
     _track(outs)
     return outs

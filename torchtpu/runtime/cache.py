@@ -19,6 +19,7 @@ import hashlib
 import os
 import struct
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,11 @@ _MAGIC = b"TTPUXEX1"
 _HEADER = struct.Struct("<8s32sQ")  # magic, sha256(payload), payload length
 _LOCK_WAIT_S = 120.0  # how long to wait for another process compiling the same program
 
-_memory: dict[str, Any] = {}
+# Live executables, least recently used first. Each XLA CPU executable maps ~3 memory
+# regions; a process that compiles tens of thousands of programs (many shapes) would hit
+# the kernel's vm.max_map_count and crash inside XLA, so the oldest are dropped beyond a
+# limit (they come back from the disk cache, or are recompiled, when needed again).
+_memory: OrderedDict[str, Any] = OrderedDict()
 
 
 def cache_dir() -> Path | None:
@@ -56,13 +61,31 @@ def program_key(text: str) -> str:
 
 def compile(text: str, what: str) -> Any:  # noqa: A001 - the natural name
     """A loaded executable for ``text`` (memory cache, then disk, then XLA)."""
+    return compile_keyed(text, what)[1]
+
+
+def compile_keyed(text: str, what: str) -> tuple[str, Any]:
+    """``(key, executable)``: callers that run a program often keep the key and fetch the
+    executable with :func:`get` each time, so that only this cache holds executables."""
     key = program_key(text)
-    exe = _memory.get(key)
+    exe = get(key)
     if exe is not None:
-        return exe
+        return key, exe
     directory = cache_dir()
     exe = _load_or_compile(directory, key, text, what) if directory is not None else _compile_now(text, what)
     _memory[key] = exe
+    limit = int(config.get("TORCHTPU_MAX_EXECUTABLES"))
+    while len(_memory) > limit:
+        _memory.popitem(last=False)
+        metrics.add("executables_evicted")
+    return key, exe
+
+
+def get(key: str) -> Any:
+    """The live executable for ``key`` (marking it recently used), or None if evicted."""
+    exe = _memory.get(key)
+    if exe is not None:
+        _memory.move_to_end(key)
     return exe
 
 
