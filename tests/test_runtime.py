@@ -147,3 +147,11 @@ def test_platform_default_is_cpu():
 
     assert torchtpu.platform() == "cpu"
     assert torch.ones(1, device="tpu").device.type == "tpu"
+
+
+def test_every_environment_variable_is_documented_in_the_readme():
+    from torchtpu import config
+
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    missing = [name for name in config.ENV_VARS if f"`{name}`" not in readme]
+    assert not missing, f"document these in README.md's environment table: {missing}"
