@@ -53,10 +53,10 @@ GRAPHS: weakref.WeakSet = weakref.WeakSet()  # every live CompiledGraph (tests, 
 class Program:
     """One compiled executable of a graph and how to read its results."""
 
-    __slots__ = ("exe", "outputs", "n_new", "updates", "n_random", "text")
+    __slots__ = ("key", "outputs", "n_new", "updates", "n_random", "text")
 
-    def __init__(self, exe: Any, outputs: list, n_new: int, updates: list[int], n_random: int, text: str):
-        self.exe = exe
+    def __init__(self, key: str, outputs: list, n_new: int, updates: list[int], n_random: int, text: str):
+        self.key = key  # the executable lives in runtime/cache.py (bounded): cache.fetch
         self.outputs = outputs  # per graph output: ("new", sizes, strides, dtype, numel) | ("input", i) | ("const", v)
         self.n_new = n_new  # how many program results are graph outputs (the rest: updated storages)
         self.updates = updates  # storage slots the program rewrites, in result order
@@ -276,7 +276,7 @@ class CompiledGraph:
         inputs.extend(call.scalars)
         if prog.n_random:
             inputs.append(_rng_states(prog.n_random))
-        outs = pjrt.get().execute(prog.exe, inputs)
+        outs = pjrt.get().execute(cache.fetch(prog.key, prog.text, "a compiled graph evicted from the executable cache"), inputs)
         metrics.add("executions")
         _track(outs)
         for slot, buf in zip(prog.updates, outs[prog.n_new :]):
@@ -336,8 +336,8 @@ class CompiledGraph:
         text = b.module(outputs)
         what = f"compiled graph {self.name} {[k[2] for k in call.key if isinstance(k, tuple) and len(k) == 5]}"
         _dump(self.name, text, self.gm)
-        exe = cache.compile(text, what)
-        return Program(exe, specs, n_new, updates, hooks.n_random, text)
+        key, _ = cache.compile_keyed(text, what)
+        return Program(key, specs, n_new, updates, hooks.n_random, text)
 
     def _inputs(self, b: Any, call: _Call, bases: list[Value]) -> tuple[list[Any], dict[int, tuple]]:
         inputs: list[Any] = []

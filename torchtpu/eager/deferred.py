@@ -287,9 +287,7 @@ def _run(g: Graph, reason: str) -> None:
         if cell is not None:
             cell._buf = None  # still counted: the program's output replaces it
     t0 = time.perf_counter()
-    exe = cache.get(compiled.key)
-    if exe is None:  # evicted from the bounded executable cache
-        compiled.key, exe = cache.compile_keyed(compiled.text, "a fused graph evicted from the executable cache")
+    exe = cache.fetch(compiled.key, compiled.text, "a fused graph evicted from the executable cache")
     outs = pjrt.get().execute(exe, g.inputs + g.operands)
     g.inputs = g.operands = []
     metrics.add("execute_seconds", time.perf_counter() - t0)

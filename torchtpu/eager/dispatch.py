@@ -54,10 +54,7 @@ class Program:
         self.check_messages = check_messages  # one trailing bool output each (eager/checks.py)
 
     def executable(self) -> Any:
-        exe = cache.get(self.key)
-        if exe is None:  # evicted from the bounded executable cache: reload or recompile
-            self.key, exe = cache.compile_keyed(self.text, "a program evicted from the executable cache")
-        return exe
+        return cache.fetch(self.key, self.text, "a program evicted from the executable cache")
 
 
 _CACHE: dict[tuple, Program] = {}

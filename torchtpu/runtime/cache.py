@@ -81,6 +81,13 @@ def compile_keyed(text: str, what: str) -> tuple[str, Any]:
     return key, exe
 
 
+def fetch(key: str, text: str, what: str) -> Any:
+    """The executable of a program compiled before as ``key``: from memory, or (after an
+    eviction) from disk or XLA again. The key derives from ``text``, so it stays valid."""
+    exe = get(key)
+    return exe if exe is not None else compile_keyed(text, what)[1]
+
+
 def get(key: str) -> Any:
     """The live executable for ``key`` (marking it recently used), or None if evicted."""
     exe = _memory.get(key)

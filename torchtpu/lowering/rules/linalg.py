@@ -2,7 +2,7 @@
 through XLA's CPU custom calls for the rest (getrf: LU/solve/inv/det; geqrf+orgqr: QR;
 gesdd: SVD; syevd/heevd: eigh).
 
-The LAPACK calls are jaxlib's typed-FFI handlers (``lapack_sgetrf_ffi`` ...), registered
+The LAPACK calls are XLA's typed-FFI LAPACK handlers (``lapack_sgetrf_ffi`` ...), registered
 with the CPU client by ``runtime/pjrt.py``. They read column-major matrices, which the
 ``operand_layouts``/``result_layouts`` attributes ask XLA to provide; leading dims are a
 batch. Only XLA's CPU client has them: on tpu/cuda these ops raise NotImplementedError.
