@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -83,15 +85,88 @@ def test_dynamic_true_without_bound_is_a_clear_error(monkeypatch) -> None:
         compiled(torch.randn(5).to(TPU))
 
 
+class Block(nn.Module):
+    """A pre-norm transformer block on (batch, seq, d): every linear sees a 3-d input."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.ln(x)).chunk(3, dim=-1)
+        p = torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1)
+        x = x + self.proj(p @ v)
+        return x + self.fc2(nn.functional.gelu(self.fc1(x)))
+
+
+def _pair(cls: type[nn.Module]) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    cpu = cls()
+    dev = cls().to(TPU)
+    dev.load_state_dict(cpu.state_dict())
+    return cpu, dev
+
+
+def _graphs() -> list:
+    from torchtpu.compile import fx_lowering
+
+    return list(fx_lowering.GRAPHS)
+
+
+def _bucket_programs() -> int:
+    return sum(len(g.programs) for g in _graphs())
+
+
+def test_batched_transformer_20_lengths_at_most_10_programs() -> None:
+    """linear on (batch, seq, d) would fold seq into batch (a reshape XLA cannot mask);
+    the backend swaps in linear_nd, so the whole block is bucketed."""
+    cpu, dev = _pair(Block)
+    compiled = torch.compile(dev, backend="tpu")
+    before = _bucket_programs()
+    g = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "runs at exact shapes" fallback
+        with torch.no_grad():
+            for n in LENGTHS:
+                x = torch.randn(2, n, 16, generator=g)
+                xt = torchtpu.mark_dynamic(x.to(TPU), 1, 512)
+                out = compiled(xt)
+                assert tuple(out.shape) == (2, n, 16)
+                assert_close(out, cpu(x), atol=1e-4, rtol=1e-4)
+    assert _bucket_programs() - before <= 10
+
+
+def test_batched_training_step_is_bucketed_and_matches_cpu() -> None:
+    cpu, dev = _pair(Block)
+    compiled = torch.compile(dev, backend="tpu")
+    older = {id(g) for g in _graphs()}
+    g = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (5, 7, 12):  # buckets 8, 8, 16
+            x = torch.randn(2, n, 16, generator=g)
+            compiled(torchtpu.mark_dynamic(x.to(TPU), 1, 64)).square().mean().backward()
+            cpu(x).square().mean().backward()
+            for p_dev, p_cpu in zip(dev.parameters(), cpu.parameters()):
+                assert_close(p_dev.grad, p_cpu.grad, atol=1e-5, rtol=1e-4)
+                p_dev.grad = p_cpu.grad = None
+    programs = [len(g.programs) for g in _graphs() if id(g) not in older]
+    assert len(programs) == 2 and max(programs) == 2  # forward, backward: a program per bucket, not per length
+
+
 def test_reshape_across_dynamic_dim_falls_back_to_exact_shapes() -> None:
-    lin = nn.Linear(16, 4)
-    dev = nn.Linear(16, 4).to(TPU)
-    dev.load_state_dict(lin.state_dict())
-    compiled = torch.compile(dev, backend="tpu", dynamic=True, options={"max_size": 64})
-    with pytest.warns(UserWarning, match="exact shapes"), torch.no_grad():
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1, 4).sum(dim=0)  # folds the dynamic dim into another one
+
+    compiled = torch.compile(fn, backend="tpu", dynamic=True, options={"max_size": 64})
+    with pytest.warns(UserWarning, match="exact shapes"):
         for n in (3, 5):
-            x = torch.randn(2, n, 16)
-            assert_close(compiled(x.to(TPU)), lin(x), atol=1e-5, rtol=1e-5)
+            x = torch.randn(2, n, 4)
+            assert_close(compiled(x.to(TPU)), fn(x))
 
 
 def test_unsafe_ops_fall_back_to_exact_shapes() -> None:

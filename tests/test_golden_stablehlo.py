@@ -117,6 +117,18 @@ def test_linear_mm_is_one_dot_general() -> None:
     assert "precision_config = [#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>]" in text
 
 
+def test_linear_nd_contracts_the_last_dim_without_a_reshape() -> None:
+    from torchtpu.lowering.rules.linear import CONTRACT_LEADING, LINEAR_ND
+
+    text = lower(LINEAR_ND, T(2, 5, 3), T(4, 3), T(4))
+    assert "stablehlo.reshape" not in text  # the (2, 5) leading dims stay apart
+    assert "lhs_contracting_dimensions = [2], rhs_contracting_dimensions = [1]" in text
+    assert "-> tensor<2x5x4xf32>" in text and "stablehlo.add" in text
+    grad_w = lower(CONTRACT_LEADING, T(2, 5, 4), T(2, 5, 3))
+    assert "lhs_contracting_dimensions = [0, 1], rhs_contracting_dimensions = [0, 1]" in grad_w
+    assert "-> tensor<4x3xf32>" in grad_w and "stablehlo.reshape" not in grad_w
+
+
 def test_convolution_nchw() -> None:
     text = lower(aten.convolution.default, T(1, 2, 5, 5), T(3, 2, 3, 3), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
     assert ops_in(text) == {"stablehlo.convolution"}

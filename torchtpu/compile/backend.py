@@ -22,6 +22,7 @@ import torch
 
 from .. import metrics
 from ..errors import TpuError
+from .dynamic import SymbolBounds, _marked, batched_linears_apart, check_dynamic
 from .fx_lowering import CompiledGraph
 
 _graph_ids = itertools.count()
@@ -49,12 +50,12 @@ def _decompositions() -> dict:
     return tracing_table()
 
 
-def _compiler(kind: str, bounded: bool, max_size: int | None) -> Callable[[torch.fx.GraphModule, Sequence[Any]], CompiledGraph]:
+def _compiler(kind: str, bounds: SymbolBounds | None) -> Callable[[torch.fx.GraphModule, Sequence[Any]], CompiledGraph]:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
         _reject_collectives(gm)
         metrics.add("compiled_graphs")
         name = f"{kind}{next(_graph_ids)}"
-        return CompiledGraph(gm, name, dynamic=_has_symbols(example_inputs), bounded=bounded, max_size=max_size)
+        return CompiledGraph(gm, name, dynamic=_has_symbols(example_inputs), bounds=bounds)
 
     return compile_graph
 
@@ -85,8 +86,6 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    from .dynamic import _marked, check_dynamic
-
     options = dict(options or {})
     unknown = set(options) - set(KNOWN_OPTIONS)
     if unknown:
@@ -96,11 +95,13 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options
     # automatic dynamic shapes (a second size seen by Dynamo) run at exact shapes
     explicit = not torch._dynamo.config.assume_static_by_default
     bounded = bool(options.get("bounded_dynamism") or "max_size" in options or explicit or _marked[0])
-    max_size = options.get("max_size")
+    bounds = SymbolBounds(options.get("max_size")) if bounded else None
+    if bounded:
+        batched_linears_apart(gm)
     compile_aot = aot_autograd(
-        fw_compiler=_compiler("forward", bounded, max_size),
-        bw_compiler=_compiler("backward", bounded, max_size),
-        inference_compiler=_compiler("inference", bounded, max_size),
+        fw_compiler=_compiler("forward", bounds),
+        bw_compiler=_compiler("backward", bounds),
+        inference_compiler=_compiler("inference", bounds),
         partition_fn=min_cut_rematerialization_partition,
         decompositions=_decompositions(),
         keep_inference_input_mutations=True,

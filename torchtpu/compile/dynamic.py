@@ -10,15 +10,21 @@ masks reductions, matmuls and softmax over the padding itself and the results eq
 unpadded computation. Outputs are made static again (a gather with static indices along
 each dynamic dimension) and handed back as views of their first ``n`` rows.
 
+Batched linears: aten's ``linear`` on a (b, n, d) input reshapes it to (b*n, d), and XLA's
+masks go wrong when a reshape folds a padded dim into another (measured). So before
+AOTAutograd traces, the backend swaps torchtpu's ``linear_nd`` in for every ``linear`` and
+``x @ w`` whose input has a dynamic dim among several leading dims
+(:func:`batched_linears_apart`): it contracts the last dim directly, and its backward
+(``linear_nd`` again, and ``contract_leading`` for the weight gradient) never reshapes.
+Forward and backward graphs share the symbols' bounds (:class:`SymbolBounds`).
+
 Limits, checked before a graph is bucketed (otherwise it runs at exact shapes, one program
 per length, with a warning): only ops known to be exact under XLA's masking (see
 ``PADDING_SAFE``) — e.g. ``mean`` divides by a size baked into the program, and
 ``reduce_window`` over a bounded dim is an XLA bug; no input mutations; every dynamic
-dimension is one plain symbol, and no node folds it into another dimension (a reshape of
-(b, n, d) to (b*n, d) — what ``linear`` on a 3-d input does — gives wrong masks, measured),
-so today bucketing serves graphs whose dynamic dim stays its own dimension (e.g. 1-d
-token sequences through embedding, 2-d linear layers, attention, softmax, sums). Padding a dynamic input goes through the host (one
-transfer each way), as inputs of varying length usually come from there.
+dimension is one plain symbol, and no other reshape folds it into another dimension.
+Padding a dynamic input goes through the host (one transfer each way), as inputs of
+varying length usually come from there; so do a training step's saved activations.
 
 Eager mode: ops on a ``mark_dynamic`` tensor outside torch.compile run at exact shapes.
 """
@@ -52,7 +58,7 @@ PADDING_SAFE = {
     # linear algebra and reductions XLA masks
     "mm", "addmm", "bmm", "matmul", "sum", "amax", "amin", "_softmax", "_log_softmax", "_softmax_backward_data",
     "_log_softmax_backward_data", "embedding", "embedding_dense_backward", "native_layer_norm",
-    "native_layer_norm_backward", "baddbmm",
+    "native_layer_norm_backward", "baddbmm", "linear_nd", "contract_leading",
 }
 
 
@@ -95,11 +101,22 @@ def bucket(n: int, bound: int) -> int:
     return min(b, bound)
 
 
+class SymbolBounds:
+    """The bounds of one Dynamo graph's size symbols, shared by its forward, backward and
+    inference graphs: the backward's inputs (saved activations) carry no mark_dynamic
+    bound, so it takes the one its forward saw."""
+
+    def __init__(self, max_size: int | None) -> None:
+        self.max_size = max_size
+        self.seen: dict[Any, int] = {}
+
+
 class BoundedPlan:
     """How one symbolic graph is bucketed: which input dims carry which symbol."""
 
-    def __init__(self, gm: torch.fx.GraphModule, max_size: int | None):
-        self.max_size = max_size
+    def __init__(self, gm: torch.fx.GraphModule, shared: SymbolBounds):
+        self.shared = shared
+        self.max_size = shared.max_size
         self.symbols: list[Any] = []  # sympy symbols in operand order
         self.tensor_dims: dict[int, list[tuple[int, int]]] = {}  # input -> [(dim, symbol index)]
         self.int_inputs: dict[int, int] = {}  # SymInt input -> symbol index
@@ -151,10 +168,14 @@ class BoundedPlan:
                     out[s] = marked[d] if out[s] is None else min(out[s], marked[d])
         for s, b in enumerate(out):
             if b is None:
+                b = out[s] = self.shared.seen.get(self.symbols[s])
+            if b is None:
                 raise TpuError(
                     f"torchtpu: dynamic size {self.symbols[s]} has no bound; call torchtpu.mark_dynamic(t, dim, max_size) "
                     "on the input or pass options={'max_size': N} to torch.compile"
                 )
+        for symbol, b in zip(self.symbols, out):
+            self.shared.seen[symbol] = int(b)
         return [int(b) for b in out]
 
     def pad_args(self, args: list[Any], buckets: list[int]) -> list[Any]:
@@ -205,6 +226,53 @@ def _merged_dim(val: Any) -> Any:
                 if isinstance(s, torch.SymInt) and not s.node.expr.is_Symbol:
                     return s.node.expr
     return None
+
+
+def batched_linears_apart(gm: torch.fx.GraphModule) -> int:
+    """Swap torchtpu's linear_nd in for ``linear(x, w, b)`` and ``x @ w`` (``w`` 2-d) in a
+    Dynamo graph wherever ``x`` has a dynamic dim among 2+ leading dims: aten's linear
+    would fold them into one (a reshape XLA cannot mask), linear_nd contracts the last
+    dim directly, and so does its backward. Returns how many nodes were swapped."""
+    import operator
+
+    from ..lowering import registry
+
+    registry._load_rules()
+    from ..lowering.rules.linear import LINEAR_ND
+
+    swapped = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or len(node.args) < 2 or node.kwargs:
+            continue
+        x, w = node.args[0], node.args[1]
+        if node.target is torch._C._nn.linear:
+            args = (x, w, node.args[2] if len(node.args) > 2 else None)
+        elif node.target in (operator.matmul, torch.matmul) and _rank(w) == 2:
+            with gm.graph.inserting_before(node):
+                args = (x, gm.graph.call_function(torch.t, (w,)), None)
+        else:
+            continue
+        if _rank(x) < 3 or not _has_symbol(_example(x).shape[:-1]):
+            continue
+        node.target, node.args = LINEAR_ND, args
+        swapped += 1
+    if swapped:
+        gm.graph.lint()
+        gm.recompile()
+    return swapped
+
+
+def _example(node: Any) -> Any:
+    return node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+
+
+def _rank(node: Any) -> int:
+    val = _example(node)
+    return val.dim() if isinstance(val, torch.Tensor) else -1
+
+
+def _has_symbol(sizes: Sequence[Any]) -> bool:
+    return any(isinstance(s, torch.SymInt) and not isinstance(s.node.maybe_as_int(), int) for s in sizes)
 
 
 def warn_exact(name: str, reason: str) -> None:

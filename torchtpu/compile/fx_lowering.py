@@ -210,16 +210,16 @@ def _static(meta: Any) -> bool:
 class CompiledGraph:
     """Callable (boxed convention) that runs ``gm`` as XLA programs on tpu tensors."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, dynamic: bool = False, bounded: bool = False, max_size: int | None = None):
+    def __init__(self, gm: torch.fx.GraphModule, name: str, dynamic: bool = False, bounds: Any = None):
         self._boxed_call = True  # an instance attribute: wrappers copy __dict__, not class attributes
-        self.gm = gm
         self.name = name
         self.dynamic = dynamic
         self.plan = None  # bounded dynamism: how dynamic dims are bucketed (dynamic.py)
-        if dynamic and bounded:
+        self.gm = gm
+        if dynamic and bounds is not None:  # bounded dynamism (a dynamic.SymbolBounds)
             from .dynamic import BoundedPlan, warn_exact
 
-            plan = BoundedPlan(gm, max_size)
+            plan = BoundedPlan(gm, bounds)
             if plan.usable:
                 self.plan = plan
             elif plan.reason:

@@ -1,4 +1,5 @@
-"""Matrix products: mm, bmm, addmm, baddbmm, addbmm, dot/vdot, mv, addmv, outer products."""
+"""Matrix products: mm, bmm, addmm, baddbmm, addbmm, dot/vdot, mv, addmv, outer products,
+and torchtpu's batched linear (linear_nd), which keeps a dynamic dimension apart."""
 
 from __future__ import annotations
 
@@ -106,3 +107,62 @@ def vector_dot(L: NodeLowering, a: Value, b: Value) -> Value:
 @register(aten.addr.default)
 def addr(L: NodeLowering, x: Value, v1: Value, v2: Value, beta: Any = 1, alpha: Any = 1) -> Value:
     return _beta_alpha(L, x, dot(L, L.b.reshape(v1, (v1.shape[0], 1)), L.b.reshape(v2, (1, v2.shape[0])), [1], [0]), beta, alpha)
+
+
+# -- linear without the reshape -------------------------------------------------------------
+# aten's linear on a (batch, seq, d) input views it as (batch*seq, d). Under bounded
+# dynamism (compile/dynamic.py) ``seq`` is padded and masked by XLA, and a reshape that
+# folds it into ``batch`` gives wrong masks; these two ops contract over the last and
+# over the leading dims directly, so the torch.compile backend swaps them in for batched
+# linears before AOTAutograd traces (their backward uses them too).
+@torch.library.custom_op("torchtpu::linear_nd", mutates_args=())
+def _linear_nd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+@torch.library.custom_op("torchtpu::contract_leading", mutates_args=())
+def _contract_leading(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(…, m) x (…, n) -> (m, n), summed over every leading dim: a linear's weight gradient."""
+    lead = list(range(a.dim() - 1))
+    return torch.tensordot(a, b, dims=(lead, lead))
+
+
+@_linear_nd.register_fake
+def _linear_nd_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@_contract_leading.register_fake
+def _contract_leading_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty((a.shape[-1], b.shape[-1]))
+
+
+def _linear_nd_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _linear_nd_backward(ctx: Any, grad: torch.Tensor) -> tuple:
+    x, weight = ctx.saved_tensors
+    need_x, need_w, need_b = ctx.needs_input_grad
+    grad_x = LINEAR_ND(grad, weight.t(), None) if need_x else None
+    grad_w = CONTRACT_LEADING(grad, x) if need_w else None
+    grad_b = grad.sum(dim=tuple(range(grad.dim() - 1))) if need_b and ctx.has_bias else None
+    return grad_x, grad_w, grad_b
+
+
+_linear_nd.register_autograd(_linear_nd_backward, setup_context=_linear_nd_setup)
+LINEAR_ND = torch.ops.torchtpu.linear_nd.default
+CONTRACT_LEADING = torch.ops.torchtpu.contract_leading.default
+
+
+@register(LINEAR_ND)
+def linear_nd(L: NodeLowering, x: Value, weight: Value, bias: Value | None = None) -> Value:
+    return _beta_alpha(L, bias, dot(L, x, weight, [x.rank - 1], [1]), 1, 1)
+
+
+@register(CONTRACT_LEADING)
+def contract_leading(L: NodeLowering, a: Value, b: Value) -> Value:
+    lead = list(range(a.rank - 1))
+    return dot(L, a, b, lead, lead)
