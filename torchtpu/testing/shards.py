@@ -1,7 +1,7 @@
 """Run the full OpInfo conformance suite as N pytest processes, one slice of op_db each.
 
-``python -m torchtpu.testing.shards [N]`` (what ``make test-ops`` runs). One process per
-shard bounds memory and isolates a crash: if a process dies (a signal), the shard is
+``python -m torchtpu.testing.shards [N] [--jobs J]`` (what ``make test-ops`` runs). One
+process per shard, J at a time, bounds memory and isolates a crash: if a process dies (a signal), the shard is
 reported with the test it was running and the other shards still run. The per-shard
 results are merged into ``build/opinfo-full.json`` for ``python -m torchtpu.coverage``.
 The exit status is non-zero if any test failed or any shard crashed.
@@ -48,13 +48,23 @@ def merge(n: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    n = int(argv[0]) if argv else 8
+    """``[N] [--jobs J]``: N shards (default 8), J of them at a time (default: the CPU count,
+    at most 4; each shard process holds its own XLA client and executables)."""
+    import argparse
+    from concurrent.futures import ThreadPoolExecutor
+
+    parser = argparse.ArgumentParser(prog="python -m torchtpu.testing.shards")
+    parser.add_argument("n", nargs="?", type=int, default=8)
+    parser.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
+    args = parser.parse_args(argv)
+    n = args.n
     os.makedirs(BUILD, exist_ok=True)
     for stale in glob.glob(os.path.join(BUILD, "opinfo-full-shard*.json")):
         os.remove(stale)
     worst = 0
-    for i in range(n):
-        rc, last = run_shard(i, n)
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        outcomes = list(pool.map(lambda i: (i, *run_shard(i, n)), range(n)))
+    for i, rc, last in outcomes:
         if rc < 0 or rc > 1:
             print(f"shard {i}/{n} CRASHED (status {rc}) while running {last}; its results are lost", flush=True)
             worst = 2
