@@ -81,3 +81,15 @@ def test_synchronize_waits_for_results():
     y = x @ x
     torch.tpu.synchronize()
     torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_factory_op_can_be_the_first_tpu_op():
+    """Op kernels are registered on first device use; a factory op with no tensor input
+    reaches the dispatcher's fallback before that and must still run."""
+    import subprocess
+    import sys
+
+    code = "import torch, torchtpu; print(torch.tril_indices(3, 3, device='tpu').cpu().tolist())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str(torch.tril_indices(3, 3).tolist())

@@ -71,6 +71,22 @@ def test_arange_out():
 
 
 # -- RNG: reproducibility ---------------------------------------------------------------------
+@pytest.mark.parametrize("fn", [torch.tril_indices, torch.triu_indices])
+@pytest.mark.parametrize("args", [(3, 3), (4, 3, 1), (3, 5, -1), (0, 3), (5, 2, -10), (3, 3, 7)])
+def test_tril_triu_indices_match_cpu(fn, args):
+    for dtype in (torch.int64, torch.int32):
+        got = fn(*args, dtype=dtype, device=TPU)
+        want = fn(*args, dtype=dtype)
+        assert got.device.type == "tpu" and got.dtype == want.dtype
+        assert torch.equal(got.cpu(), want)
+
+
+def test_copysign_16bit_scalar():
+    for dtype in (torch.float16, torch.bfloat16):
+        x = torch.randn(8).to(dtype)
+        assert torch.equal(torch.copysign(x.to(TPU), -1.0).cpu(), torch.copysign(x, -1.0))
+
+
 def test_manual_seed_reproducible():
     torch.manual_seed(123)
     a1, b1 = torch.rand(64, device=TPU).cpu(), torch.randn(64, device=TPU).cpu()

@@ -29,6 +29,12 @@ def _is_view(op: torch._ops.OpOverload) -> bool:
 
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     """Every op without a tpu kernel lands here."""
+    if not _ops_registered:
+        # a factory op (torch.tril_indices(..., device="tpu")) as the process's first tpu
+        # op reaches the dispatcher before the op kernels are registered: register, retry
+        ensure_op_kernels()
+        if op in REGISTERED_OPS:
+            return op(*args, **kwargs)
     if config.flag("TORCHTPU_CPU_FALLBACK"):
         from .fallback import run_on_cpu
 

@@ -1,5 +1,5 @@
 """Factory ops: zeros/ones/full (and their ``*_like``/``new_*`` forms), arange,
-linspace, logspace, eye, scalar_tensor.
+linspace, logspace, eye, scalar_tensor, tril_indices/triu_indices.
 
 Every rule builds its result from the output spec PyTorch's meta kernel computed
 (``L.out[0]``), so the ``device``/``layout``/``pin_memory`` arguments are ignored here.
@@ -62,9 +62,22 @@ def new_full(L: NodeLowering, x: Value, size: Any, fill_value: Any, **kwargs: An
     return _fill(L, fill_value)
 
 
-@register(aten.scalar_tensor.default)
+@register(aten.scalar_tensor.default, torch.ops.prims.scalar_tensor.default)
 def scalar_tensor(L: NodeLowering, s: Any, **kwargs: Any) -> Value:
     return _fill(L, s)
+
+
+@register(aten.tril_indices.default, aten.triu_indices.default)
+def tril_triu_indices(L: NodeLowering, row: int, col: int, offset: int = 0, **kwargs: Any) -> Value:
+    """The indices depend on the sizes alone: a constant, in the CPU's row-major order."""
+    import numpy as np
+
+    out = L.out[0]
+    if not row or not col or 0 in out.shape:
+        return L.zeros(out.shape, out.dtype)  # no element
+    pick = np.tril_indices if L.op is aten.tril_indices.default else np.triu_indices
+    rows, cols = pick(row, offset, col)
+    return L.b.constant_array(np.stack([rows, cols]).astype(np.int64).reshape(out.shape), out.dtype)
 
 
 # -- ranges ----------------------------------------------------------------------------------
