@@ -209,3 +209,25 @@ def test_index_edge_cases():
     check(lambda w, i: torch.nn.functional.embedding(i, w), x, torch.tensor([1, 3], dtype=torch.int32), grad=False)
     check(lambda a, i: a.clone().index_put_((i,), torch.ones(3, 5, device=a.device), accumulate=True), x, _i(0, 0, 1), grad=False)
     check(lambda a, i: torch.zeros(5, device=a.device).scatter(0, i, a[0, 0]), x, torch.tensor(2), grad=False)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, float("inf")])
+def test_embedding_renorm_matches_cpu(norm_type):
+    w = torch.randn(10, 4) * 3
+    idx = torch.tensor([[1, 3, 3], [7, 0, 1]])  # duplicates renormalize once
+    got = w.clone().to(TPU)
+    torch.embedding_renorm_(got, idx.to(TPU), 1.5, norm_type)
+    want = w.clone()
+    torch.embedding_renorm_(want, idx, 1.5, norm_type)
+    assert_close(got, want)
+
+
+def test_embedding_max_norm_module():
+    torch.manual_seed(0)
+    cpu = torch.nn.Embedding(10, 4, max_norm=1.0)
+    dev = torch.nn.Embedding(10, 4, max_norm=1.0)
+    dev.load_state_dict(cpu.state_dict())
+    dev = dev.to(TPU)
+    x = torch.tensor([1, 2, 2, 5])
+    assert_close(dev(x.to(TPU)), cpu(x))
+    assert_close(dev.weight.detach(), cpu.weight.detach())

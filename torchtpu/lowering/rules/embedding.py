@@ -4,7 +4,7 @@ padding_idx, include_last_offset) and its gradients.
 Each index's bag is found by compare-and-count against the offsets (static shapes, no
 host sync); bags are reduced with index_add / scatter_reduce. The auxiliary outputs
 (offset2bag, bag_size, max_indices) have the shapes PyTorch's meta kernel promises and
-are consumed only by our own backward rules.
+are consumed only by our own backward rules. embedding_renorm (``max_norm``) too.
 """
 
 from __future__ import annotations
@@ -192,3 +192,36 @@ def per_sample_weights_backward(
     dot = b.select(_valid(L, indices, padding_idx), dot, L.zeros(dot.shape, dot.dtype))
     return L.to(dot, L.out[0].dtype)
 
+
+
+@register(aten.embedding_renorm.default, static_scalars=True)
+def embedding_renorm(L: NodeLowering, weight: Value, indices: Value, max_norm: float, norm_type: float) -> Value:
+    """``embedding(..., max_norm=)``: rows that ``indices`` reference and whose p-norm
+    exceeds max_norm are scaled by max_norm / (norm + 1e-7), as the CPU kernel does."""
+    b = L.b
+    rows, acc = weight.shape[0], torch.float64 if weight.dtype is torch.float64 else torch.float32
+    flat = b.reshape(L.to(indices, torch.int64), (math.prod(indices.shape), 1))
+    touched = b.scatter(
+        L.zeros((rows,), torch.int32), flat, L.full(1, (flat.shape[0],), torch.int32), [], [0], [0], 1
+    )
+    w = L.to(weight, acc)
+    norm = _row_norm(L, w, norm_type)
+    over = b.binary("and", b.compare(touched, L.zeros((rows,), torch.int32), "NE"), b.compare(norm, L.full(max_norm, (rows,), acc), "GT"))
+    scale = b.binary("divide", L.full(max_norm, (rows,), acc), b.binary("add", norm, L.full(1e-7, (rows,), acc)))
+    scale = b.select(over, scale, L.full(1, (rows,), acc))
+    return L.to(b.binary("multiply", w, b.broadcast_in_dim(scale, w.shape, [0])), weight.dtype)
+
+
+def _row_norm(L: NodeLowering, w: Value, p: float) -> Value:
+    b = L.b
+    a = b.unary("abs", w)
+    add = lambda x, y: [b.binary("add", x, y)]  # noqa: E731
+    if math.isinf(p):
+        return b.reduce([a], [b.constant(0, w.dtype)], [1], lambda x, y: [b.binary("maximum", x, y)])[0]
+    if p == 0:
+        return b.reduce([b.convert(b.compare(a, L.zeros(a.shape, a.dtype), "NE"), w.dtype)], [b.constant(0, w.dtype)], [1], add)[0]
+    if p == 1:
+        return b.reduce([a], [b.constant(0, w.dtype)], [1], add)[0]
+    powed = b.binary("power", a, L.full(p, a.shape, a.dtype))
+    s = b.reduce([powed], [b.constant(0, w.dtype)], [1], add)[0]
+    return b.binary("power", s, L.full(1.0 / p, s.shape, s.dtype))
