@@ -228,6 +228,10 @@ def resize_(x: torch.Tensor, size: list[int], memory_format: Any = None) -> torc
     return x
 
 
+def resize_as_(x: torch.Tensor, template: torch.Tensor, memory_format: Any = None) -> torch.Tensor:
+    return resize_(x, list(template.shape))
+
+
 def _grown(cell: Cell, numel: int) -> Cell:
     if cell.buf is None:
         return Cell(numel, cell.dtype)
@@ -307,6 +311,7 @@ def kernels() -> dict[Any, Any]:
         aten._local_scalar_dense.default: local_scalar_dense,
         aten.equal.default: equal,
         aten.resize_.default: resize_,
+        aten.resize_as_.default: resize_as_,
         aten.set_.source_Storage_storage_offset: set_source_storage_offset,
         aten.set_.source_Storage: set_source_storage,
         aten.set_.source_Tensor: set_source_tensor,
