@@ -116,3 +116,19 @@ def test_nan_inf_tests():
     x = torch.tensor([complex(1, 2), complex(nan, 0), complex(0, inf), complex(-inf, nan)], dtype=C64)
     for fn in (torch.isnan, torch.isinf, torch.isfinite):
         check(fn, x, grad=False)
+
+
+def test_vdot_conjugates_its_first_argument():
+    a, b = torch.randn(5, dtype=torch.complex64), torch.randn(5, dtype=torch.complex64)
+    assert_close(torch.vdot(a.to(TPU), b.to(TPU)), torch.vdot(a, b))
+    assert_close(torch.dot(a.to(TPU), b.to(TPU)), torch.dot(a, b))
+
+
+@pytest.mark.parametrize("fn", [torch.tanh, torch.sigmoid, torch.nn.functional.tanhshrink])
+def test_complex_gradients_use_the_conjugate_derivative(fn):
+    x = torch.randn(6, dtype=torch.complex64, requires_grad=True)
+    xt = x.detach().to(TPU).requires_grad_()
+    g = torch.randn(6, dtype=torch.complex64)
+    fn(x).backward(g)
+    fn(xt).backward(g.to(TPU))
+    assert_close(xt.grad, x.grad, atol=1e-5, rtol=1e-5)

@@ -101,6 +101,10 @@ def addmv(L: NodeLowering, x: Value, a: Value, v: Value, beta: Any = 1, alpha: A
 
 @register(aten.dot.default, aten.vdot.default)
 def vector_dot(L: NodeLowering, a: Value, b: Value) -> Value:
+    if L.op is aten.vdot.default:  # conjugates its first argument (complex)
+        from .complex import conj
+
+        a = conj(L, a)
     return dot(L, a, b, [0], [0])
 
 
