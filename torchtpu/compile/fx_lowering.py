@@ -35,7 +35,14 @@ from ..errors import TpuError
 from ..lowering import registry
 from ..lowering.context import NodeLowering, ProgramContext, ScalarValue
 from ..lowering.graph import GraphHooks, lower_graph
-from ..lowering.strided import contiguous_strides, flatten_for_strides, read_view, write_view
+from ..lowering.strided import (
+    contiguous_strides,
+    flatten_for_strides,
+    read_view,
+    storage_param,
+    storage_result,
+    write_view,
+)
 from ..runtime import cache, pjrt
 from ..stablehlo.builder import Value
 from ..tensor.storage import Cell, cell_of, new_tensor
@@ -115,7 +122,7 @@ def _collect(args: list[Any], name: str) -> _Call:
             key.append(None)
         else:
             raise TpuError(f"torchtpu: compiled graph {name} got an argument of type {type(a).__name__} (argument {i})")
-    key.append(tuple((c.numel, c.dtype, c.buf is not None) for c in call.cells))
+    key.append(tuple((c.shape, c.dtype, c.buf is not None) for c in call.cells))
     key.append(current_precision())  # dot/conv precision_config is baked into the program
     return call
 
@@ -309,7 +316,7 @@ class CompiledGraph:
                 bases.append(b.broadcast_in_dim(b.constant(0, cell.dtype), (cell.numel,), []))
             else:
                 params[slot] = len(b.params)
-                bases.append(b.param((cell.numel,), cell.dtype))
+                bases.append(storage_param(b, cell.shape, cell.numel, cell.dtype))
         inputs, geometry = self._inputs(b, call, bases)
         hooks = _Hooks(ctx, self.placeholders, use_meta=not self.dynamic)
         result = lower_graph(ctx, self.gm, inputs, hooks=hooks)
@@ -332,7 +339,7 @@ class CompiledGraph:
         for k, slot in enumerate(updates):
             if slot in params:  # the old buffer dies: let XLA reuse it for the new one
                 b.set_param_attr(params[slot], f"tf.aliasing_output = {n_new + k} : i32")
-        outputs.extend(current[s] for s in updates)
+        outputs.extend(storage_result(b, current[s], call.cells[s].shape) for s in updates)
         text = b.module(outputs)
         what = f"compiled graph {self.name} {[k[2] for k in call.key if isinstance(k, tuple) and len(k) == 5]}"
         _dump(self.name, text, self.gm)

@@ -32,6 +32,7 @@ import torch
 from .. import metrics
 from ..errors import TpuError
 from ..lowering.context import ProgramContext
+from ..lowering.strided import storage_param, storage_result
 from ..runtime import cache, pjrt
 from ..tensor.storage import Cell, new_tensor
 from . import checks, rng
@@ -82,7 +83,7 @@ class Graph:
         self.epoch = next(_epochs)
         self.nodes: list[_Node] = []
         self.cells: list[weakref.ref] = []  # per graph slot
-        self.kinds: list[tuple] = []  # per graph slot: (IN|ZEROS|NEW, numel, dtype)
+        self.kinds: list[tuple] = []  # per graph slot: (IN|ZEROS|NEW, numel, dtype, buffer shape)
         self.inputs: list[Any] = []  # buffers of the IN slots, in slot order
         self.input_slots: list[int] = []
         self.operands: list[Any] = []  # Python-number and RNG-state buffers, in node order
@@ -101,11 +102,11 @@ class Graph:
         idx = len(self.cells)
         self.cells.append(weakref.ref(cell))
         if cell._buf is not None:
-            self.kinds.append((IN, cell.numel, cell.dtype))
+            self.kinds.append((IN, cell.numel, cell.dtype, cell.shape))
             self.inputs.append(cell._buf)
             self.input_slots.append(idx)
         else:
-            self.kinds.append((ZEROS, cell.numel, cell.dtype))
+            self.kinds.append((ZEROS, cell.numel, cell.dtype, cell.shape))
         cell.gslot = (self.epoch, idx)
         return idx
 
@@ -115,7 +116,7 @@ class Graph:
         cell._count(True)  # memory_allocated counts it from now on, as a CUDA allocation would
         idx = len(self.cells)
         self.cells.append(weakref.ref(cell))
-        self.kinds.append((NEW, numel, dtype))
+        self.kinds.append((NEW, numel, dtype, cell.shape))
         cell.gslot = (self.epoch, idx)
         self.written[idx] = None
         return cell, idx
@@ -335,9 +336,9 @@ def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
     ctx.supports_f64 = pjrt.get().supports_f64
     b = ctx.b
     values: list[Any] = [None] * len(g.kinds)
-    for idx, (kind, numel, dtype) in enumerate(g.kinds):
+    for idx, (kind, numel, dtype, _) in enumerate(g.kinds):
         if kind == IN:
-            values[idx] = b.param((numel,), dtype)
+            values[idx] = storage_param(b, g.kinds[idx][3], numel, dtype)
         elif kind == ZEROS:
             values[idx] = b.broadcast_in_dim(b.constant(0, dtype), (numel,), [])
     check_nodes: list[int] = []
@@ -359,7 +360,7 @@ def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
     for i in donated:
         out_pos = live.index(g.input_slots[i])
         b.set_param_attr(i, f"tf.aliasing_output = {out_pos} : i32")
-    outputs = [values[i] for i in live] + [flag for flag, _ in ctx.checks]
+    outputs = [storage_result(b, values[i], g.kinds[i][3]) for i in live] + [flag for flag, _ in ctx.checks]
     text = b.module(outputs)
     key, _ = cache.compile_keyed(text, f"fused graph of {len(g.nodes)} ops")
     return _Compiled(key, donated, check_nodes, [m for _, m in ctx.checks], text)

@@ -25,6 +25,7 @@ from ..device.matmul_precision import current as current_precision
 from ..errors import TpuError, TpuRuntimeError
 from ..lowering import registry
 from ..lowering.context import ProgramContext
+from ..lowering.strided import storage_param, storage_result
 from ..runtime import cache, pjrt
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, new_tensor
@@ -171,7 +172,7 @@ def _collect(plan: OpPlan, values: list[Any]) -> _Call:
             if isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v)):
                 raise TpuError(f"torchtpu: unexpected tensor argument to {plan.name}")
             key.append(_freeze(v))
-    key.extend((c.numel, c.dtype, c.initialized) for c in call.cells)
+    key.extend((c.shape, c.dtype, c.initialized) for c in call.cells)
     key.append(current_precision())  # dot/conv precision_config is baked into the program
     return call
 
@@ -302,7 +303,7 @@ def lower_single(plan: OpPlan, values: list[Any], call: _Call) -> tuple[ProgramC
     bases = []
     for cell in call.cells:
         if cell.initialized:
-            bases.append(b.param((cell.numel,), cell.dtype))
+            bases.append(storage_param(b, cell.shape, cell.numel, cell.dtype))
         else:  # never written: reads as zeros
             bases.append(b.broadcast_in_dim(b.constant(0, cell.dtype), (cell.numel,), []))
     scalars = scalar_params(b, call.scalar_types)
@@ -315,7 +316,7 @@ def lower_single(plan: OpPlan, values: list[Any], call: _Call) -> tuple[ProgramC
 def _build(plan: OpPlan, values: list[Any], call: _Call) -> Program:
     ctx, low = lower_single(plan, values, call)
     b = ctx.b
-    outputs = low.outputs + list(low.updates.values())
+    outputs = low.outputs + [storage_result(b, v, call.cells[slot].shape) for slot, v in low.updates.items()]
     outputs += [flag for flag, _ in ctx.checks]
     text = b.module(outputs)
     key, _ = cache.compile_keyed(text, f"{plan.name} {[tuple(t.shape) for t in call.tensors]}")

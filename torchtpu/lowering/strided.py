@@ -16,6 +16,17 @@ import torch
 from ..stablehlo.builder import Builder, Value, prod
 
 
+def storage_param(b: Builder, shape: Sequence[int], numel: int, dtype: torch.dtype) -> Value:
+    """A storage buffer as a program parameter of its device ``shape``, read flat."""
+    p = b.param(tuple(shape), dtype)
+    return p if tuple(shape) == (numel,) else b.reshape(p, (numel,))
+
+
+def storage_result(b: Builder, flat: Value, shape: Sequence[int]) -> Value:
+    """A new value of a storage, in the storage buffer's device ``shape``."""
+    return flat if tuple(shape) == flat.shape else b.reshape(flat, tuple(shape))
+
+
 def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     strides, acc = [], 1
     for n in reversed(sizes):

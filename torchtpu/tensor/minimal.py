@@ -11,7 +11,7 @@ import torch
 
 from .. import metrics
 from ..eager import checks
-from ..lowering.strided import contiguous_strides, storage_extent
+from ..lowering.strided import contiguous_strides, storage_extent, storage_param
 from ..runtime import pjrt
 from ..stablehlo.types import numpy_dtype
 from .storage import _CPU_KEYSET, Cell, _set_storage, attach, cell_of, new_tensor
@@ -51,11 +51,11 @@ def _host_array(t: torch.Tensor) -> np.ndarray:
 def from_cpu(t: torch.Tensor) -> torch.Tensor:
     """A new tpu tensor holding a copy of CPU tensor ``t`` (contiguous)."""
     _ensure_ops()
-    arr = _host_array(t).reshape(-1)
+    arr = _host_array(t)  # the buffer keeps the tensor's shape (see Cell)
     buf = pjrt.get().put(arr)
     metrics.add("h2d_bytes", arr.nbytes)
     metrics.add("h2d_transfers")
-    return new_tensor(Cell(arr.size, t.dtype, buf), tuple(t.shape), contiguous_strides(t.shape), 0, t.dtype)
+    return new_tensor(Cell(arr.size, t.dtype, buf, arr.shape), tuple(t.shape), contiguous_strides(t.shape), 0, t.dtype)
 
 
 def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
@@ -147,8 +147,9 @@ def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
         if src.dtype != dst.dtype:
             src = src.to(dst.dtype)
         if src.shape == dst.shape and _covers_storage(dst):
-            arr = _host_array(src).reshape(-1)
-            cell_of(dst).set(pjrt.get().put(arr))
+            cell = cell_of(dst)
+            arr = _host_array(src).reshape(cell.shape)
+            cell.set(pjrt.get().put(arr))
             metrics.add("h2d_bytes", arr.nbytes)
             metrics.add("h2d_transfers")
             return dst
@@ -200,7 +201,7 @@ def clone_storage(storage: Any) -> Any:
     """A new tpu storage with the same bytes (device buffers are immutable, so the copy
     can share the buffer until either side is written)."""
     cell = storage._cell
-    copy = Cell(cell.numel, cell.dtype, cell.buf)
+    copy = Cell(cell.numel, cell.dtype, cell.buf, cell.shape)
     return new_tensor(copy, [cell.numel], [1], 0, cell.dtype).untyped_storage()
 
 
@@ -238,10 +239,10 @@ def _grown(cell: Cell, numel: int) -> Cell:
     from ..eager.dispatch import run_utility
 
     def build(b: Any) -> list:
-        p = b.param((cell.numel,), cell.dtype)
+        p = storage_param(b, cell.shape, cell.numel, cell.dtype)
         return [b.pad(p, b.constant(0, cell.dtype), [0], [numel - cell.numel])]
 
-    (buf,) = run_utility(("grow", cell.numel, numel, cell.dtype), build, [cell.buf])
+    (buf,) = run_utility(("grow", cell.shape, numel, cell.dtype), build, [cell.buf])
     return Cell(numel, cell.dtype, buf)
 
 

@@ -36,8 +36,11 @@ def _fake_pointer(nbytes: int) -> int:
 
 
 class Cell:
-    """One flat device buffer of ``numel`` elements of ``dtype`` (None: not yet written,
-    reads as zeros).
+    """One device buffer of ``numel`` elements of ``dtype`` (None: not yet written, reads
+    as zeros). Programs read it flat; ``shape`` is the buffer's own shape on the device —
+    ``(numel,)``, or the shape of the tensor that created it (a parameter moved with
+    ``.to("tpu")``). Keeping a parameter's shape lets XLA update it in place inside a
+    compiled step: an update computed through a reshape of a flat buffer costs a copy.
 
     Under DeferAndFuse a cell may be *lazy*: its value is the result of recorded ops
     that have not run yet (``lazy`` is the pending graph). Reading ``buf`` or calling
@@ -45,11 +48,12 @@ class Cell:
     buffer; the dispatcher itself reads ``_buf``/``lazy`` to record without running.
     """
 
-    __slots__ = ("_buf", "numel", "dtype", "nbytes", "lazy", "gslot", "counted", "__weakref__")
+    __slots__ = ("_buf", "numel", "dtype", "shape", "nbytes", "lazy", "gslot", "counted", "__weakref__")
 
-    def __init__(self, numel: int, dtype: torch.dtype, buf: Any = None):
+    def __init__(self, numel: int, dtype: torch.dtype, buf: Any = None, shape: Sequence[int] | None = None):
         self.numel = int(numel)
         self.dtype = dtype
+        self.shape = (self.numel,) if shape is None else tuple(shape)  # every new buffer keeps it
         self.nbytes = self.numel * dtype.itemsize
         self._buf = None
         self.lazy: Any = None  # the pending graph that will produce this cell's value
