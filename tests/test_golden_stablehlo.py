@@ -225,9 +225,46 @@ def test_linalg_cholesky() -> None:
     assert "stablehlo.cholesky" in ops_in(text)
 
 
+def test_linalg_cholesky_solve_is_two_triangular_solves() -> None:
+    text = lower(aten._cholesky_solve_helper.default, T(2, 4, 3), T(2, 4, 4), False)
+    assert ops_in(text) == {"stablehlo.triangular_solve"}
+    assert text.count('"stablehlo.triangular_solve"') == 2 and "transpose_a = #stablehlo<transpose ADJOINT>" in text
+
+
+def test_linalg_matrix_exp_selects_a_degree_then_squares_in_a_loop() -> None:
+    text = lower(aten.linalg_matrix_exp.default, T(2, 3, 3))
+    assert {"stablehlo.while", "stablehlo.dot_general", "stablehlo.select"} <= ops_in(text)
+    assert "stablehlo.custom_call" not in ops_in(text)  # no LAPACK: runs on any platform
+    assert signature(text).endswith("-> (tensor<2x3x3xf32>) {")
+
+
+def test_linalg_lstsq_gels_is_geqrf_ormqr_and_a_triangular_solve() -> None:
+    text = lower(aten.linalg_lstsq.default, T(4, 3), T(4, 2), driver="gels")
+    assert '"lapack_sgeqrf_ffi"' in text and '"lapack_sormqr_ffi"' in text
+    assert "stablehlo.triangular_solve" in ops_in(text) and "lapack_sgesdd_ffi" not in text
+    # solution, residuals (m > n), rank and singular values (empty for gels)
+    assert signature(text).endswith("-> (tensor<3x2xf32>, tensor<2xf32>, tensor<0xi64>, tensor<0xf32>) {")
+
+
+def test_linalg_eig_calls_geev_with_complex_results() -> None:
+    text = lower(aten.linalg_eig.default, T(3, 3))
+    assert '"lapack_sgeev_ffi"' in text and "compute_right = 86 : ui8" in text
+    assert signature(text).endswith("-> (tensor<3xcomplex<f32>>, tensor<3x3xcomplex<f32>>) {")
+
+
 def test_padding_replication_backward() -> None:
     text = lower(aten.replication_pad1d_backward.default, T(1, 2, 7), T(1, 2, 4), [2, 1])
     assert signature(text).endswith("-> (tensor<1x2x4xf32>) {")
+
+
+def test_special_bessel_j0_selects_between_its_ranges() -> None:
+    # a port of the CPU's Cephes code: both ranges' formulas, combined with select; no CHLO op
+    text = lower(aten.special_bessel_j0.default, T(3))
+    assert {"stablehlo.select", "stablehlo.cosine", "stablehlo.sine", "stablehlo.sqrt"} <= ops_in(text)
+    assert not any(op.startswith("chlo.") for op in ops_in(text))
+    assert signature(text).endswith("-> (tensor<3xf32>) {")
+    # erfcx looks its per-interval polynomial up in a [100, 7] table
+    assert "stablehlo.gather" in ops_in(lower(aten.special_erfcx.default, T(2, 2, dtype=torch.float64)))
 
 
 # Which golden test covers which rule family; every module in lowering/rules/ needs one.
@@ -251,7 +288,63 @@ FAMILIES = {
     "fft": test_fft_rfft_is_one_fft_op,
     "linalg": test_linalg_cholesky,
     "padding": test_padding_replication_backward,
+    "special": test_special_bessel_j0_selects_between_its_ranges,
 }
+
+
+def test_polynomials_chebyshev_t_is_one_while_loop() -> None:
+    text = lower(aten.special_chebyshev_polynomial_t.default, T(4), T(4))
+    assert text.count('"stablehlo.while"') == 1
+    assert {"stablehlo.reduce", "chlo.acos", "stablehlo.cosine"} <= ops_in(text)  # any-active test, trig form
+    # n is truncated to int64 as the CPU's static_cast does; the loop counter is int64 too
+    assert "(tensor<4xf32>) -> tensor<4xi64>" in text
+    assert signature(text).endswith("-> (tensor<4xf32>) {")
+
+
+def test_gamma_igamma_has_a_loop_per_algorithm() -> None:
+    text = lower(aten.igamma.default, T(3), T(3))
+    # power series of P, series and continued fraction of Q, asymptotic expansion
+    assert text.count('"stablehlo.while"') == 4
+    assert {"chlo.lgamma", "chlo.erfc", "stablehlo.dynamic_slice"} <= ops_in(text)
+    assert "tensor<25x25xf32>" in text  # the asymptotic expansion's coefficient table
+    assert signature(text).endswith("-> (tensor<3xf32>) {")
+
+
+FAMILIES["polynomials"] = test_polynomials_chebyshev_t_is_one_while_loop
+FAMILIES["gamma"] = test_gamma_igamma_has_a_loop_per_algorithm
+
+
+def test_reduction_cummax_is_a_log_step_scan_of_pairs() -> None:
+    text = lower(aten.cummax.default, T(3, 8), 1)
+    # ceil(log2(8)) = 3 shifted combines of (value, index), no loop and no sort
+    assert text.count('"stablehlo.pad"') == 6
+    assert "stablehlo.while" not in ops_in(text) and "stablehlo.sort" not in ops_in(text)
+    assert signature(text).endswith("-> (tensor<3x8xf32>, tensor<3x8xi64>) {")
+
+
+def test_reduction_histc_data_range_is_a_device_reduction() -> None:
+    text = lower(aten.histc.default, T(4, 5), 7, 0, 0)
+    # min == max: the range comes from the data on the device (no host sync), then one scatter-add
+    assert {"stablehlo.reduce", "stablehlo.scatter"} <= ops_in(text)
+    assert signature(text).endswith("-> (tensor<7xf32>) {")
+
+
+def test_sorting_mode_sorts_once() -> None:
+    text = lower(aten.mode.default, T(4, 6), 1)
+    assert text.count('"stablehlo.sort"') == 1
+    assert signature(text).endswith("-> (tensor<4xf32>, tensor<4xi64>) {")
+
+
+def test_gather_scatter_index_reduce_amax() -> None:
+    text = lower(aten.index_reduce.default, T(5, 3), 0, T(4, dtype=I64), T(4, 3), "amax", include_self=False)
+    assert {"stablehlo.scatter", "stablehlo.maximum", "stablehlo.select"} <= ops_in(text)
+    assert signature(text).endswith("-> (tensor<5x3xf32>) {")
+
+
+def test_pooling_bicubic_upsampling_is_two_matrix_products() -> None:
+    text = lower(aten.upsample_bicubic2d.default, T(1, 2, 4, 6), [8, 9], False)
+    assert text.count('"stablehlo.dot_general"') == 2
+    assert signature(text).endswith("-> (tensor<1x2x8x9xf32>) {")
 
 
 @pytest.mark.parametrize("module", sorted(m.name for m in pkgutil.iter_modules(rules_pkg.__path__)))

@@ -1,5 +1,6 @@
 """torch.linalg on tpu vs CPU, forward and gradients: native StableHLO (cholesky,
-triangular solves) and LAPACK custom calls (LU, solve, inv, det, QR, SVD, eigh)."""
+triangular solves, matrix_exp) and LAPACK custom calls (LU, solve, inv, det, QR, SVD, eigh,
+eig, lstsq, geqrf/ormqr)."""
 
 import pytest
 import torch
@@ -115,7 +116,7 @@ def test_qr(dtype, shape, mode):
 
 def test_householder_product():
     a = torch.randn(5, 3)
-    qr, tau = torch.geqrf(a)  # geqrf itself has no meta kernel in PyTorch: not lowered
+    qr, tau = torch.geqrf(a)  # CPU reflectors (geqrf on tpu: test_geqrf)
     check(torch.linalg.householder_product, qr, tau, grad=False)
 
 
@@ -180,3 +181,125 @@ def test_missing_lapack_raises_clearly(monkeypatch):
 def test_float64_result_matches_numpy_lapack():
     a = torch.randn(6, 6, dtype=F64)
     assert_close(torch.linalg.inv(a.to(TPU)), torch.linalg.inv(a))
+
+
+# -- inverse, Cholesky solves, matrix exponential, least squares, Householder, eig ------------
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_inv_batched_and_empty(dtype):
+    check(lambda a: torch.linalg.inv(_well_conditioned(a)), _m(2, 1, 4, 4, dtype=dtype), rtol=1e-5, atol=1e-5)
+    for shape in [(0, 0), (2, 0, 0), (0, 3, 3)]:  # LAPACK would reject a leading dimension of 0
+        check(torch.linalg.inv, _m(*shape, dtype=dtype))
+        check(torch.linalg.inv_ex, _m(*shape, dtype=dtype), grad=False)
+
+
+def test_inv_ex_reports_singular():
+    a = torch.stack([torch.eye(3), torch.zeros(3, 3)])
+    _, info = torch.linalg.inv_ex(a.to(TPU))
+    assert info.cpu().tolist() == torch.linalg.inv_ex(a)[1].tolist()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_solve(dtype, upper):
+    def solve(x, b):
+        factor = torch.linalg.cholesky(_spd(x), upper=upper)
+        return torch.cholesky_solve(b, factor, upper=upper)
+
+    check(solve, _m(4, 4, dtype=dtype), _m(4, 2, dtype=dtype), rtol=1e-4, atol=1e-5)
+    check(solve, _m(3, 4, 4, dtype=dtype), _m(2, 1, 4, 3, dtype=dtype), rtol=1e-4, atol=1e-5)  # broadcast batch
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_inverse(dtype, upper):
+    inv = lambda x: torch.cholesky_inverse(torch.linalg.cholesky(_spd(x), upper=upper), upper=upper)  # noqa: E731
+    check(inv, _m(4, 4, dtype=dtype), rtol=1e-4, atol=1e-5)
+    check(inv, _m(2, 3, 3, dtype=dtype), rtol=1e-4, atol=1e-5)
+
+
+def _scaled_to_norms(x, norms):
+    """x[i] rescaled to 1-norm norms[i]: one matrix per degree range of the kernel."""
+    n = x.abs().sum(-2).amax(-1)
+    return x / n[:, None, None] * torch.tensor(norms, dtype=x.real.dtype)[:, None, None]
+
+
+@pytest.mark.parametrize("dtype", [F64, F32, C64, torch.complex128])
+def test_matrix_exp_every_degree(dtype):
+    # 1-norms inside each Taylor degree's range (1, 2, 4, 8, 12, 18) and beyond (squarings)
+    norms = [1e-17, 1e-9, 1e-5, 1e-2, 0.2, 0.9, 2.0, 9.0]
+    x = _scaled_to_norms(torch.randn(len(norms), 4, 4, dtype=dtype), norms)
+    check(torch.linalg.matrix_exp, x.requires_grad_(), rtol=1e-5, atol=1e-6)
+
+
+def test_matrix_exp_1x1_empty_and_16bit():
+    check(torch.linalg.matrix_exp, _m(3, 1, 1))
+    check(torch.linalg.matrix_exp, _m(2, 0, 0), grad=False)
+    a = torch.randn(2, 3, 3) * 0.5
+    expected = torch.linalg.matrix_exp(a.double())  # the CPU's 16-bit kernel returns NaN
+    for dtype in (torch.bfloat16, torch.float16):
+        actual = torch.linalg.matrix_exp(a.to(dtype).to(TPU)).cpu().double()
+        torch.testing.assert_close(actual, expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, C64])
+@pytest.mark.parametrize("driver", ["gels", "gelsy", "gelsd", "gelss"])
+@pytest.mark.parametrize("m", [5, 3, 2])
+def test_lstsq(dtype, driver, m):
+    check(lambda a, b: torch.linalg.lstsq(a, b, driver=driver), _m(2, m, 3, dtype=dtype), _m(2, m, 2, dtype=dtype), rtol=1e-4, atol=1e-4)
+
+
+def test_lstsq_vector_rhs_and_default_driver():
+    check(lambda a, b: torch.linalg.lstsq(a, b), _m(5, 3, dtype=F64), _m(5, dtype=F64))
+    check(lambda a, b: torch.linalg.lstsq(a, b, driver="gelsd"), _m(2, 5, 3, dtype=F64), _m(2, 5, dtype=F64))
+
+
+@pytest.mark.parametrize("driver", ["gelsy", "gelsd", "gelss"])
+def test_lstsq_rank_deficient(driver):
+    a = torch.randn(2, 6, 4, dtype=F64)
+    a[..., 3] = a[..., 0] + a[..., 1]  # rank 3
+    b = torch.randn(2, 6, 2, dtype=F64)
+    actual = torch.linalg.lstsq(a.to(TPU), b.to(TPU), driver=driver)
+    expected = torch.linalg.lstsq(a, b, driver=driver)
+    assert actual.rank.cpu().tolist() == expected.rank.tolist() == [3, 3]
+    assert_close(actual.solution, expected.solution, rtol=1e-7, atol=1e-7)  # the minimum-norm solution
+    if driver != "gelsy":
+        assert_close(actual.singular_values, expected.singular_values)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (2, 4, 4)])
+def test_geqrf(dtype, shape):
+    check(torch.geqrf, torch.randn(*shape, dtype=dtype), grad=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("transpose", [True, False])
+def test_ormqr(dtype, left, transpose):
+    qr, tau = torch.geqrf(torch.randn(2, 5, 3, dtype=dtype))
+    c = _m(2, 5, 4, dtype=dtype) if left else _m(2, 4, 5, dtype=dtype)
+    check(lambda qr, tau, c: torch.ormqr(qr, tau, c, left=left, transpose=transpose), qr.requires_grad_(), tau.requires_grad_(), c)
+
+
+def _eig_gauge_free(a):
+    """Eigenvectors are unique up to a phase each: eigenvalues, |V| and A V - V diag(w)."""
+    w, v = torch.linalg.eig(a)
+    return w, v.abs(), a.to(v.dtype) @ v - v * w.unsqueeze(-2)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, C64])
+def test_eig(dtype):
+    check(torch.linalg.eigvals, _m(3, 5, 5, dtype=dtype), rtol=1e-4, atol=1e-5)
+    check(_eig_gauge_free, _m(5, 5, dtype=dtype, grad=False), grad=False, rtol=1e-4, atol=1e-5)
+    # the gradient of the eigenvalues and of a phase-invariant function of the vectors
+    check(lambda a: torch.linalg.eig(a)[1].abs(), _m(4, 4, dtype=dtype), rtol=1e-4, atol=1e-4)
+
+
+def test_eig_empty():
+    check(torch.linalg.eig, _m(2, 0, 0), grad=False)
+
+
+def test_ldl_raises_clearly():
+    a = _spd(torch.randn(4, 4)).to(TPU)
+    with pytest.raises(NotImplementedError, match="ldl_factor"):
+        torch.linalg.ldl_factor(a)

@@ -413,6 +413,21 @@ class Builder:
             attrs.append(f"output_operand_aliases = [{items}]")
         return self.op("stablehlo.custom_call", operands, results, ", ".join(attrs))
 
+    def while_loop(
+        self,
+        init: Sequence[Value],
+        cond: Callable[..., Value],
+        body: Callable[..., Sequence[Value]],
+    ) -> list[Value]:
+        """``stablehlo.while`` over the loop state ``init``. ``cond(*state)`` returns a 0-d
+        bool Value (keep looping while true); ``body(*state)`` returns the next state, with
+        the same shapes and dtypes. Both regions see only the state (no implicit captures):
+        carry every loop-invariant tensor in the state."""
+        types = [(v.shape, v.dtype) for v in init]
+        cond_region = self.region(types, lambda *s: [cond(*s)])
+        body_region = self.region(types, body)
+        return self.op("stablehlo.while", init, types, "", [cond_region, body_region])
+
     def fft(self, x: Value, fft_type: str, lengths: Sequence[int], shape: Sequence[int], dtype: torch.dtype) -> Value:
         """``stablehlo.fft`` over the trailing ``len(lengths)`` dims (FFT, IFFT, RFFT, IRFFT)."""
         attrs = f"fft_type = #stablehlo<fft_type {fft_type}>, fft_length = {i64_array(lengths)}"

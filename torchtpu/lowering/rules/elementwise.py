@@ -462,18 +462,24 @@ def elu(L: NodeLowering, x: Value, alpha: Any = 1, scale: Any = 1, input_scale: 
     return b.binary("multiply", y, L.full(scale, x.shape, x.dtype))
 
 
+# Complex backwards multiply by the conjugate of the derivative (PyTorch's convention for
+# the gradient of a real loss through a holomorphic function).
 @register(aten.sigmoid_backward.default)
 def sigmoid_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
+    from .complex import conj
+
     b = L.b
     one = L.full(1, y.shape, y.dtype)
-    return b.binary("multiply", grad, b.binary("multiply", y, b.binary("subtract", one, y)))
+    return b.binary("multiply", grad, conj(L, b.binary("multiply", y, b.binary("subtract", one, y))))
 
 
 @register(aten.tanh_backward.default)
 def tanh_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
+    from .complex import conj
+
     b = L.b
     one = L.full(1, y.shape, y.dtype)
-    return b.binary("multiply", grad, b.binary("subtract", one, b.binary("multiply", y, y)))
+    return b.binary("multiply", grad, conj(L, b.binary("subtract", one, b.binary("multiply", y, y))))
 
 
 # -- fused multiply-adds ------------------------------------------------------------------------
@@ -714,3 +720,92 @@ def _alias_prims() -> None:
 
 
 _alias_prims()
+
+
+# (mantissa bits, exponent bits, same-width integer type) of each float format
+_FLOAT_LAYOUT = {
+    torch.float64: (52, 11, torch.int64),
+    torch.float32: (23, 8, torch.int32),
+    torch.float16: (10, 5, torch.int16),
+    torch.bfloat16: (7, 8, torch.int16),
+}
+
+
+def _signed(v: int, bits: int) -> int:
+    """A bit pattern as the two's-complement integer of that width (for int constants)."""
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if v >> (bits - 1) else v
+
+
+@register(aten.frexp.Tensor, prims.frexp.default)
+def frexp(L: NodeLowering, x: Value) -> tuple[Value, Value]:
+    """std::frexp from the bits: x = m * 2^e with 0.5 <= |m| < 1; zeros, infinities and NaN
+    give (x, 0). Everything is integer work on the bit pattern, because XLA's CPU flushes
+    subnormal floats to zero in arithmetic and comparisons; a subnormal is normalised by
+    shifting its fraction up past its leading zeros."""
+    b = L.b
+    mant, ebits, itype = _FLOAT_LAYOUT[x.dtype]
+    width = 1 + ebits + mant
+    bias = (1 << (ebits - 1)) - 1
+    emask = (1 << ebits) - 1
+
+    def c(v: int, dt: torch.dtype = itype) -> Value:
+        return L.full(_signed(v, width) if dt is itype else v, x.shape, dt)
+
+    def i32(v: Value) -> Value:
+        return L.to(v, torch.int32)
+
+    bits = b.bitcast_convert(x, x.shape, itype)
+    field = b.binary("and", b.binary("shift_right_logical", bits, c(mant)), c(emask))
+    frac = b.binary("and", bits, c((1 << mant) - 1))
+    zero = b.compare(b.binary("and", bits, c(~(1 << (width - 1)))), c(0), "EQ")  # +-0
+    special = b.binary("or", zero, b.compare(field, c(emask), "EQ"))  # zero, inf, nan
+    subnormal = b.binary("and", b.compare(field, c(0), "EQ"), b.unary("not", zero))
+    half_exp = c((bias - 1) << mant)  # the exponent field of the binade [0.5, 1)
+
+    normal_m = b.binary("or", b.binary("and", bits, c(~(emask << mant))), half_exp)
+    normal_e = b.binary("subtract", i32(field), c(bias - 1, torch.int32))
+    # subnormal: the leading 1 of the fraction becomes the implicit bit
+    lead = b.binary("subtract", b.unary("count_leading_zeros", frac), c(width - mant))
+    shifted = b.binary("and", b.binary("shift_left", frac, b.binary("add", lead, c(1))), c((1 << mant) - 1))
+    sub_m = b.binary("or", b.binary("or", b.binary("and", bits, c(1 << (width - 1))), half_exp), shifted)
+    sub_e = b.binary("subtract", c(1 - bias, torch.int32), i32(lead))
+
+    # select on the bit patterns, not on floats: float selects may flush subnormals to zero
+    mantissa_bits = b.select(special, bits, b.select(subnormal, sub_m, normal_m))
+    exponent = b.select(subnormal, sub_e, normal_e)
+    return b.bitcast_convert(mantissa_bits, x.shape, x.dtype), b.select(special, L.zeros(x.shape, torch.int32), exponent)
+
+
+# -- gcd / lcm ----------------------------------------------------------------------------------
+@register(aten.gcd.default, prims.gcd.default)
+def gcd(L: NodeLowering, x: Any, y: Any) -> Value:
+    """Euclid on |x|, |y| as the CPU's calc_gcd: a while loop that runs until every
+    element's remainder is zero (the longest chain in the tensor decides the trip count)."""
+    b = L.b
+    out = L.out[0]
+    x, y = L.promote(x, y, dtype=out.dtype)
+    zero = L.zeros(out.shape, out.dtype)
+    dims = list(range(len(out.shape)))
+
+    def active(a: Value, c: Value) -> Value:
+        ne = b.compare(a, zero, "NE")
+        return b.reduce([ne], [b.constant(False, torch.bool)], dims, lambda p, q: [b.binary("or", p, q)])[0]
+
+    def step(a: Value, c: Value) -> list[Value]:
+        live = b.compare(a, zero, "NE")
+        safe = b.select(live, a, L.full(1, out.shape, out.dtype))
+        return [b.select(live, b.binary("remainder", c, safe), a), b.select(live, a, c)]
+
+    if not is_unsigned(out.dtype):
+        x, y = b.unary("abs", x), b.unary("abs", y)
+    _, result = b.while_loop([x, y], active, step)
+    return result
+
+
+@register(prims.div.default)
+def prims_div(L: NodeLowering, x: Any, y: Any) -> Value:
+    """prims.div: true division for floats, C's truncating division for integers (what
+    stablehlo.divide does for each)."""
+    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    return L.b.binary("divide", x, y)

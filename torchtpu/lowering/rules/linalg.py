@@ -1,6 +1,8 @@
-"""Linear algebra: native StableHLO where it exists (cholesky, triangular_solve), LAPACK
-through XLA's CPU custom calls for the rest (getrf: LU/solve/inv/det; geqrf+orgqr: QR;
-gesdd: SVD; syevd/heevd: eigh).
+"""Linear algebra: native StableHLO where it exists (cholesky, triangular_solve, and what is
+built from them: cholesky_solve/cholesky_inverse; matrix_exp from matmuls), LAPACK through
+XLA's CPU custom calls for the rest (getrf: LU/solve/inv/det; geqrf+orgqr/ormqr: QR,
+householder products, lstsq's gels; gesdd: SVD, lstsq's gelsd/gelss; syevd/heevd: eigh;
+geev: eig). LDL (sytrf) has no rule: jaxlib registers no sytrf target.
 
 The LAPACK calls are XLA's typed-FFI LAPACK handlers (``lapack_sgetrf_ffi`` ...), registered
 with the CPU client by ``runtime/pjrt.py``. They read column-major matrices, which the
@@ -10,6 +12,7 @@ batch. Only XLA's CPU client has them: on tpu/cuda these ops raise NotImplemente
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -19,14 +22,16 @@ from ...stablehlo.builder import Value
 from ...stablehlo.types import is_complex
 from ..context import NodeLowering
 from ..registry import register
-from .complex import conj, part_dtype
+from .complex import conj, make_complex, part_dtype
 from .view import _tri
 
 aten = torch.ops.aten
 
+_COMPLEX_OF = {torch.float32: torch.complex64, torch.float64: torch.complex128}
 _PREFIX = {torch.float32: "s", torch.float64: "d", torch.complex64: "c", torch.complex128: "z"}
 _ORGQR = {"s": "sorgqr", "d": "dorgqr", "c": "cungqr", "z": "zungqr"}
 _SYEVD = {"s": "ssyevd", "d": "dsyevd", "c": "cheevd", "z": "zheevd"}
+_ORMQR = {"s": "sormqr", "d": "dormqr", "c": "cunmqr", "z": "zunmqr"}
 
 
 # -- custom-call plumbing --------------------------------------------------------------
@@ -44,7 +49,7 @@ def _lapack(L: NodeLowering, routine: str, dtype: torch.dtype) -> str:
             f"torchtpu: '{what}' supports float32, float64, complex64 and complex128, not {dtype}; convert the input first"
         )
     p = _PREFIX[dtype]
-    name = {"orgqr": _ORGQR[p], "syevd": _SYEVD[p]}.get(routine, p + routine)
+    name = {"orgqr": _ORGQR[p], "syevd": _SYEVD[p], "ormqr": _ORMQR[p]}.get(routine, p + routine)
     return f"lapack_{name}_ffi"
 
 
@@ -61,10 +66,18 @@ def _char(c: str) -> str:
     return f"{ord(c)} : ui8"
 
 
+def _is_empty(a: Value) -> bool:
+    """LAPACK rejects a leading dimension of 0 ("parameter 4 had an illegal value"): the
+    helpers below answer empty inputs without calling it."""
+    return 0 in a.shape
+
+
 def getrf(L: NodeLowering, a: Value) -> tuple[Value, Value, Value]:
     """LU with partial pivoting: (packed LU, 1-based int32 pivots, int32 info)."""
     batch, (m, n) = a.shape[:-2], a.shape[-2:]
     k = min(m, n)
+    if _is_empty(a):
+        return a, L.zeros(batch + (k,), torch.int32), L.zeros(batch, torch.int32)
     lu, piv, info = L.b.custom_call(
         _lapack(L, "getrf", a.dtype),
         [a],
@@ -78,6 +91,8 @@ def getrf(L: NodeLowering, a: Value) -> tuple[Value, Value, Value]:
 
 def geqrf(L: NodeLowering, a: Value) -> tuple[Value, Value]:
     batch, (m, n) = a.shape[:-2], a.shape[-2:]
+    if _is_empty(a):
+        return a, L.zeros(batch + (min(m, n),), a.dtype)
     qr, tau = L.b.custom_call(
         _lapack(L, "geqrf", a.dtype),
         [a],
@@ -90,6 +105,8 @@ def geqrf(L: NodeLowering, a: Value) -> tuple[Value, Value]:
 
 
 def orgqr(L: NodeLowering, a: Value, tau: Value) -> Value:
+    if _is_empty(a):
+        return a
     (q,) = L.b.custom_call(
         _lapack(L, "orgqr", a.dtype),
         [a, tau],
@@ -99,6 +116,42 @@ def orgqr(L: NodeLowering, a: Value, tau: Value) -> Value:
         aliases={0: 0},
     )
     return q
+
+
+def ormqr(L: NodeLowering, a: Value, tau: Value, c: Value, left: bool, transpose: bool) -> Value:
+    """Q c, Q^H c, c Q or c Q^H for the Q of the Householder reflectors (a, tau); batch
+    dims already match."""
+    if _is_empty(c) or tau.shape[-1] == 0:
+        return c
+    (out,) = L.b.custom_call(
+        _lapack(L, "ormqr", a.dtype),
+        [a, tau, c],
+        [(c.shape, c.dtype)],
+        config={"left": str(left).lower(), "transpose": str(transpose).lower()},
+        operand_layouts=[_matrix_layout(a.rank), _row_major(tau.rank), _matrix_layout(c.rank)],
+        result_layouts=[_matrix_layout(c.rank)],
+        aliases={0: 2},
+    )
+    return out
+
+
+def geev(L: NodeLowering, a: Value, vectors: bool) -> tuple[Value, Value, Value]:
+    """Eigenvalues (complex), right eigenvectors (complex, unit 2-norm, largest entry
+    real, as LAPACK normalizes them) and info of a general square matrix. The real
+    routines return the eigenvalues as (real, imaginary) parts."""
+    batch, n = a.shape[:-2], a.shape[-1]
+    cdt = a.dtype if is_complex(a.dtype) else _COMPLEX_OF[a.dtype]
+    mat_lay, vec_lay, info_lay = _matrix_layout(a.rank), _row_major(len(batch) + 1), _row_major(len(batch))
+    values = [(batch + (n,), cdt)] if is_complex(a.dtype) else [(batch + (n,), a.dtype)] * 2
+    *w, _, vr, info = L.b.custom_call(
+        _lapack(L, "geev", a.dtype),
+        [a],
+        [*values, (a.shape, cdt), (a.shape, cdt), (batch, torch.int32)],  # w, left and right vectors, info
+        config={"compute_left": _char("N"), "compute_right": _char("V" if vectors else "N")},
+        operand_layouts=[mat_lay],
+        result_layouts=[vec_lay] * len(values) + [mat_lay, mat_lay, info_lay],
+    )
+    return (w[0] if len(w) == 1 else make_complex(L, *w)), vr, info
 
 
 def gesdd(L: NodeLowering, a: Value, full: bool, compute_uv: bool) -> tuple[Value, Value, Value, Value]:
@@ -449,3 +502,323 @@ def linalg_eigh(L: NodeLowering, a: Value, UPLO: str = "L", compute_v: bool = Tr
     if not compute_v:
         return w, L.zeros(L.out[1].shape, a.dtype)
     return w, _nan_where_failed(L, v, info)
+
+
+# -- Cholesky-based solves ----------------------------------------------------------------
+def _eye(L: NodeLowering, shape: Sequence[int], dtype: torch.dtype) -> Value:
+    nb = len(shape) - 2
+    rows, cols = L.b.iota(shape, nb, torch.int32), L.b.iota(shape, nb + 1, torch.int32)
+    return L.to(L.b.compare(rows, cols, "EQ"), dtype)
+
+
+def cholesky_solve(L: NodeLowering, factor: Value, rhs: Value, upper: bool) -> Value:
+    """X with A X = B for A = L L^H (``upper``: A = U^H U), as two triangular solves."""
+    if upper:
+        y = triangular_solve(L, factor, rhs, True, False, False, "ADJOINT")
+        return triangular_solve(L, factor, y, True, False, False)
+    y = triangular_solve(L, factor, rhs, True, True, False)
+    return triangular_solve(L, factor, y, True, True, False, "ADJOINT")
+
+
+@register(aten._cholesky_solve_helper.default)
+def cholesky_solve_helper(L: NodeLowering, rhs: Value, factor: Value, upper: bool) -> Value:
+    # cholesky_solve (CompositeExplicitAutograd) has already broadcast the batch dims
+    return cholesky_solve(L, factor, rhs, upper)
+
+
+@register(aten.cholesky_inverse.default)
+def cholesky_inverse(L: NodeLowering, factor: Value, upper: bool = False) -> Value:
+    return cholesky_solve(L, factor, _eye(L, factor.shape, factor.dtype), upper)
+
+
+# -- matrix exponential ---------------------------------------------------------------------
+# PyTorch's CPU kernel (mexp in LinearAlgebra.cpp; Bader, Blanes & Casas 2019): optimized
+# Taylor polynomials of degree 1, 2, 4, 8, 12 or 18 picked per matrix by its 1-norm, and
+# scaling and squaring above the degree-18 bound. Here every degree is computed for every
+# matrix and the right one selected (no host round trip); the squarings run in a while
+# loop that stops at the largest count any matrix of the batch needs.
+_MEXP_THETAS = {
+    "float": (1.192092800768788e-07, 5.978858893805233e-04, 5.116619363445086e-02, 5.800524627688768e-01, 1.461661507209034e00, 3.010066362817634e00),
+    "double": (2.220446049250313e-16, 2.580956802971767e-08, 3.397168839976962e-04, 4.991228871115323e-02, 2.996158913811580e-01, 1.090863719290036e00),
+}
+_T12 = (
+    (9.0198e-16, 0.46932117595418237389, -0.20099424927047284052, -0.04623946134063071740),
+    (5.31597895759871264183, 1.19926790417132231573, 0.01179296240992997031, 0.01108844528519167989),
+    (0.18188869982170434744, 0.05502798439925399070, 0.09351590770535414968, 0.00610700528898058230),
+    (-2.0861320e-13, -0.13181061013830184015, -0.02027855540589259079, -0.00675951846863086359),
+)
+_T18 = (
+    (0.0, -1.00365581030144618291e-01, -8.02924648241156932449e-03, -8.92138498045729985177e-04, 0.0),
+    (0.0, 3.97849749499645077844e-01, 1.36783778460411720168e00, 4.98289622525382669416e-01, -6.37898194594723280150e-04),
+    (-1.09676396052962061844e01, 1.68015813878906206114e00, 5.71779846478865511061e-02, -6.98210122488052056106e-03, 3.34975017086070470649e-05),
+    (-9.04316832390810593223e-02, -6.76404519071381882256e-02, 6.75961301770459654925e-02, 2.95552570429315521194e-02, -1.39180257516060693404e-05),
+    (0.0, 0.0, -9.23364619367118555360e-02, -1.69364939002081722752e-02, -1.40086798182036094347e-05),
+)
+
+
+def matmul(L: NodeLowering, x: Value, y: Value) -> Value:
+    """Batched x @ y (same batch dims) at full precision: the factorizations' accuracy
+    must not depend on the program's matmul precision setting."""
+    nb = x.rank - 2
+    batch = list(range(nb))
+    return L.b.dot_general(x, y, [nb + 1], [nb], batch, batch, precision="HIGHEST")
+
+
+def _combine(L: NodeLowering, coeffs: Sequence[float], mats: Sequence[Value]) -> Value:
+    """sum_j coeffs[j] * mats[j] (zero coefficients skipped)."""
+    acc = None
+    for c, m in zip(coeffs, mats):
+        if c == 0:
+            continue
+        term = m if c == 1 else L.b.binary("multiply", m, L.full(c, m.shape, m.dtype))
+        acc = term if acc is None else L.b.binary("add", acc, term)
+    return acc if acc is not None else L.zeros(mats[0].shape, mats[0].dtype)
+
+
+def _taylor(L: NodeLowering, a: Value, degree: int) -> Value:
+    """The kernel's degree-``degree`` polynomial approximation of exp(a)."""
+    eye = _eye(L, a.shape, a.dtype)
+    if degree == 1:
+        return _combine(L, (1, 1), (eye, a))
+    a2 = matmul(L, a, a)
+    if degree == 2:
+        return _combine(L, (1, 1, 0.5), (eye, a, a2))
+    if degree == 4:
+        tail = matmul(L, a2, _combine(L, (1 / 2, 1 / 6, 1 / 24), (eye, a, a2)))
+        return _combine(L, (1, 1, 1), (eye, a, tail))
+    if degree == 8:
+        sqrt_177 = 0.1330413469565007072504e2
+        x3 = 2.0 / 3.0
+        x1, x2 = x3 * ((1 + sqrt_177) / 88), x3 * ((1 + sqrt_177) / 352)
+        x4, x5 = (-271 + 29 * sqrt_177) / (315 * x3), (-11 + 11 * sqrt_177) / (1260 * x3)
+        x6, x7 = (-99 + 11 * sqrt_177) / (5040 * x3), (89 - sqrt_177) / (5040 * x3)
+        y2 = (857 - 58 * sqrt_177) / 630
+        a4 = matmul(L, a2, _combine(L, (x1, x2), (a, a2)))
+        a8 = matmul(L, _combine(L, (x3, 1), (a2, a4)), _combine(L, (x4, x5, x6, x7), (eye, a, a2, a4)))
+        return _combine(L, (1, 1, y2, 1), (eye, a, a2, a8))
+    a3 = matmul(L, a, a2)
+    if degree == 12:
+        bs = [_combine(L, row, (eye, a, a2, a3)) for row in _T12]
+        bs[2] = L.b.binary("add", bs[2], matmul(L, bs[3], bs[3]))
+        return L.b.binary("add", bs[0], matmul(L, L.b.binary("add", bs[1], bs[2]), bs[2]))
+    a6 = matmul(L, a3, a3)
+    bs = [_combine(L, row, (eye, a, a2, a3, a6)) for row in _T18]
+    bs[3] = L.b.binary("add", bs[3], matmul(L, bs[0], bs[4]))
+    return L.b.binary("add", bs[1], matmul(L, L.b.binary("add", bs[2], bs[3]), bs[3]))
+
+
+def _one_norm(L: NodeLowering, a: Value) -> Value:
+    """max_j sum_i |a_ij| per matrix (real)."""
+    b = L.b
+    absa = b.unary("abs", a, part_dtype(a.dtype) if is_complex(a.dtype) else a.dtype)
+    (cols,) = b.reduce([absa], [b.constant(0, absa.dtype)], [a.rank - 2], lambda x, y: [b.binary("add", x, y)])
+    (norm,) = b.reduce([cols], [b.constant(float("-inf"), absa.dtype)], [cols.rank - 1], lambda x, y: [b.binary("maximum", x, y)])
+    return norm
+
+
+def _per_matrix(L: NodeLowering, mask: Value, shape: Sequence[int]) -> Value:
+    return L.b.broadcast_in_dim(mask, tuple(shape), list(range(mask.rank)))
+
+
+@register(aten.linalg_matrix_exp.default)
+def linalg_matrix_exp(L: NodeLowering, a: Value) -> Value:
+    if _is_empty(a):
+        return a
+    if a.shape[-1] == 1:
+        return L.b.unary("exponential", a)
+    if a.dtype in (torch.float16, torch.bfloat16):  # computed in float32, rounded once
+        return L.to(_matrix_exp(L, L.to(a, torch.float32)), a.dtype)
+    return _matrix_exp(L, a)
+
+
+def _matrix_exp(L: NodeLowering, a: Value) -> Value:
+    b = L.b
+    real = part_dtype(a.dtype) if is_complex(a.dtype) else a.dtype
+    thetas = _MEXP_THETAS["double" if real == torch.float64 else "float"]
+    norm = _one_norm(L, a)
+
+    # degree 18 with scaling and squaring: s squarings of T18(a / 2^s)
+    log2 = b.binary("divide", b.unary("log", b.binary("divide", norm, L.full(thetas[5], norm.shape, real))), L.full(math.log(2), norm.shape, real))
+    s = b.binary("maximum", b.unary("ceil", log2), L.zeros(norm.shape, real))
+    scale = b.binary("power", L.full(2.0, s.shape, real), s)
+    scaled = b.binary("divide", a, L.to(_per_matrix(L, scale, a.shape), a.dtype))
+    steps = L.to(s, torch.int32)
+    (most,) = b.reduce([steps], [b.constant(0, torch.int32)], list(range(steps.rank)), lambda x, y: [b.binary("maximum", x, y)])
+
+    def more(i: Value, _most: Value, _steps: Value, _m: Value) -> Value:
+        return b.compare(i, _most, "LT")
+
+    def square(i: Value, _most: Value, _steps: Value, m: Value) -> list[Value]:
+        todo = _per_matrix(L, b.compare(b.broadcast_in_dim(i, _steps.shape, []), _steps, "LT"), m.shape)
+        nxt = b.binary("add", i, b.constant(1, torch.int32))
+        return [nxt, _most, _steps, b.select(todo, matmul(L, m, m), m)]
+
+    _, _, _, big = b.while_loop([b.constant(0, torch.int32), most, steps, _taylor(L, scaled, 18)], more, square)
+
+    # the smaller degrees, each for the norms in (thetas[i-1], thetas[i]]
+    out = big
+    lower = -1.0
+    for degree, theta in zip((1, 2, 4, 8, 12), thetas):
+        inside = b.binary(
+            "and",
+            b.compare(norm, L.full(lower, norm.shape, real), "GT"),
+            b.compare(norm, L.full(theta, norm.shape, real), "LE"),
+        )
+        out = b.select(_per_matrix(L, inside, a.shape), _taylor(L, a, degree), out)
+        lower = theta
+    return out
+
+
+# -- Householder QR pieces: geqrf, ormqr ------------------------------------------------------
+_meta_libs: list[torch.library.Library] = []
+
+
+def _geqrf_meta(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n = a.shape[-2:]
+    return a.new_empty(a.shape).mT.contiguous().mT, a.new_empty((*a.shape[:-2], min(m, n)))
+
+
+def _register_missing_meta_kernels() -> None:
+    """PyTorch has no Meta kernel for geqrf or linalg_lstsq: without one no output
+    shape can be inferred for them (the rules need it)."""
+    lib = torch.library.Library("aten", "IMPL")
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::geqrf", "Meta"):
+        lib.impl("geqrf", _geqrf_meta, "Meta")
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::linalg_lstsq", "Meta"):
+        lib.impl("linalg_lstsq", _lstsq_meta, "Meta")
+    _meta_libs.append(lib)
+
+
+@register(aten.geqrf.default)
+def geqrf_(L: NodeLowering, a: Value) -> tuple[Value, Value]:
+    return geqrf(L, a)
+
+
+@register(aten.ormqr.default)
+def ormqr_(L: NodeLowering, a: Value, tau: Value, c: Value, left: bool = True, transpose: bool = False) -> Value:
+    return ormqr(L, a, tau, c, left, transpose)
+
+
+# -- least squares ----------------------------------------------------------------------------
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+def _lstsq_driver(driver: str | None) -> str:
+    driver = driver or "gelsy"  # the CPU's default
+    if driver not in _LSTSQ_DRIVERS:
+        raise RuntimeError(f"torch.linalg.lstsq: parameter `driver` should be one of {_LSTSQ_DRIVERS}, got {driver!r}")
+    return driver
+
+
+def _lstsq_meta(a: torch.Tensor, b: torch.Tensor, rcond: float | None = None, *, driver: str | None = None) -> tuple[torch.Tensor, ...]:
+    """Output shapes of the CPU kernel: residuals only for m > n (not with gelsy), the
+    rank except with gels, singular values with gelsd/gelss; else empty tensors."""
+    driver = _lstsq_driver(driver)
+    vector = b.dim() == a.dim() - 1
+    m, n = a.shape[-2:]
+    k = 1 if vector else b.shape[-1]
+    batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-1] if vector else b.shape[:-2]))
+    real = a.real.dtype if a.is_complex() else a.dtype
+    sol = a.new_empty(batch + ((n,) if vector else (n, k)))
+    res = a.new_empty(batch + (k,) if m > n and driver != "gelsy" else (0,), dtype=real)
+    rank = a.new_empty(batch if driver != "gels" else (0,), dtype=torch.int64)
+    sv = a.new_empty(batch + (min(m, n),) if driver in ("gelsd", "gelss") else (0,), dtype=real)
+    return sol, res, rank, sv
+
+
+def _lstsq_qr(L: NodeLowering, a: Value, rhs: Value) -> Value:
+    """The least-squares (m >= n) or minimum-norm (m < n) solution of a full-rank A, as
+    LAPACK's gels computes it: QR of A, or QR of A^H (an LQ of A)."""
+    b = L.b
+    batch, (m, n) = a.shape[:-2], a.shape[-2:]
+    k = rhs.shape[-1]
+    zeros = [0] * a.rank
+    if m >= n:
+        qr, tau = geqrf(L, a)
+        c = ormqr(L, qr, tau, rhs, True, True)  # Q^H B
+        r = b.slice(qr, zeros, batch + (n, n))
+        return triangular_solve(L, r, b.slice(c, zeros, batch + (n, k)), True, False, False)
+    qr, tau = geqrf(L, _mH(L, a))  # A^H = Q R: A = R^H Q^H
+    r = b.slice(qr, zeros, batch + (m, m))
+    y = triangular_solve(L, r, rhs, True, False, False, "ADJOINT")  # R^H y = B
+    y = b.pad(y, b.constant(0, y.dtype), zeros, [0] * (a.rank - 2) + [n - m, 0])
+    return ormqr(L, qr, tau, y, True, False)  # x = Q [y; 0]
+
+
+def _lstsq_svd(L: NodeLowering, a: Value, rhs: Value, rcond: float | None) -> tuple[Value, Value, Value]:
+    """The minimum-norm solution through the SVD, singular values at or below
+    rcond * s_max counted as zero (gelsd/gelss); returns (x, rank, singular values)."""
+    b = L.b
+    m, n = a.shape[-2:]
+    s, u, vt, info = gesdd(L, a, False, True)
+    s = _nan_where_failed(L, s, info)
+    real = s.dtype
+    if rcond is None or rcond < 0:  # PyTorch's default / LAPACK's "machine precision"
+        rcond = torch.finfo(real).eps * (max(m, n) if rcond is None else 1)
+    (smax,) = b.reduce([s], [b.constant(0, real)], [s.rank - 1], lambda x, y: [b.binary("maximum", x, y)])
+    tol = b.binary("multiply", b.broadcast_in_dim(smax, s.shape, list(range(smax.rank))), L.full(rcond, s.shape, real))
+    keep = b.compare(s, tol, "GT")
+    inv = b.select(keep, b.binary("divide", L.full(1, s.shape, real), s), L.zeros(s.shape, real))
+    rank = _sum_last(L, L.to(keep, torch.int64), "add")
+    c = matmul(L, _mH(L, u), rhs)  # U^H B, scaled row-wise by 1/s
+    c = b.binary("multiply", c, L.to(b.broadcast_in_dim(inv, c.shape, list(range(inv.rank))), c.dtype))
+    return matmul(L, _mH(L, vt), c), rank, s
+
+
+@register(aten.linalg_lstsq.default)
+def linalg_lstsq(L: NodeLowering, a: Value, rhs: Value, rcond: float | None = None, *, driver: str | None = None) -> tuple[Value, Value, Value, Value]:
+    b = L.b
+    driver = _lstsq_driver(driver)
+    sol_spec, res_spec, rank_spec, sv_spec = L.out
+    m, n = a.shape[-2:]
+    if rhs.rank == a.rank - 1:  # a batch of vectors
+        rhs = b.reshape(rhs, rhs.shape + (1,))
+    batch = tuple(torch.broadcast_shapes(a.shape[:-2], rhs.shape[:-2]))
+    a = _bcast_batch(L, a, batch, 2)
+    rhs = _bcast_batch(L, L.to(rhs, a.dtype), batch, 2)
+    if 0 in a.shape or 0 in rhs.shape:
+        raise NotImplementedError("torchtpu: linalg.lstsq of empty matrices is not implemented; compute it on the CPU")
+    rank = sv = None
+    if driver == "gels":
+        x = _lstsq_qr(L, a, rhs)
+    else:
+        x, rank, sv = _lstsq_svd(L, a, rhs, rcond)
+        if driver == "gelsy":
+            # gelsy (QR with column pivoting) gives a full-rank A the QR solution; a
+            # rank-deficient one the minimum-norm solution of its rank-r part, which the
+            # SVD truncation gives too (the rank is decided from the singular values)
+            full = b.compare(rank, L.full(min(m, n), rank.shape, torch.int64), "EQ")
+            x = b.select(b.broadcast_in_dim(full, x.shape, list(range(full.rank))), _lstsq_qr(L, a, rhs), x)
+    residuals = L.zeros(res_spec.shape, res_spec.dtype)
+    if m > n and driver != "gelsy":
+        r = b.binary("subtract", matmul(L, a, x), rhs)
+        r2 = b.binary("multiply", r, conj(L, r))
+        r2 = b.op1("stablehlo.real", [r2], r2.shape, res_spec.dtype) if is_complex(r2.dtype) else r2
+        (residuals,) = b.reduce([r2], [b.constant(0, res_spec.dtype)], [r2.rank - 2], lambda p, q: [b.binary("add", p, q)])
+    if rank is None:
+        rank = L.zeros(rank_spec.shape, torch.int64)
+    if driver not in ("gelsd", "gelss"):
+        sv = L.zeros(sv_spec.shape, sv_spec.dtype)
+    return b.reshape(x, sol_spec.shape), residuals, rank, sv
+
+
+_register_missing_meta_kernels()
+
+
+# -- general eigendecomposition -----------------------------------------------------------------
+@register(aten.linalg_eig.default)
+def linalg_eig(L: NodeLowering, a: Value) -> tuple[Value, Value]:
+    w_spec, v_spec = L.out
+    if _is_empty(a):
+        return L.zeros(w_spec.shape, w_spec.dtype), L.zeros(v_spec.shape, v_spec.dtype)
+    w, v, info = geev(L, a, True)
+    return _nan_where_failed(L, w, info), _nan_where_failed(L, v, info)
+
+
+@register(aten._linalg_eigvals.default)
+def linalg_eigvals(L: NodeLowering, a: Value) -> Value:
+    (w_spec,) = L.out
+    if _is_empty(a):
+        return L.zeros(w_spec.shape, w_spec.dtype)
+    w, _, info = geev(L, a, False)
+    return _nan_where_failed(L, w, info)

@@ -1,0 +1,34 @@
+"""Integer-only elementwise ops against the CPU: gcd / lcm (a while loop of Euclid steps)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from utils import TPU
+
+INT_DTYPES = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
+
+
+def _pair(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    lo = 0 if dtype is torch.uint8 else -100
+    a = torch.randint(lo, 100, (7, 9), generator=g).to(dtype)
+    b = torch.randint(lo // 3, 33, (7, 9), generator=g).to(dtype)
+    a[0, :3], b[0, 1:4] = 0, 0  # gcd(0, 0) = 0, gcd(x, 0) = |x|
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+@pytest.mark.parametrize("fn", [torch.gcd, torch.lcm])
+def test_gcd_lcm_match_cpu(fn, dtype):
+    a, b = _pair(dtype)
+    got = fn(a.to(TPU), b.to(TPU))
+    assert got.dtype == dtype
+    assert torch.equal(got.cpu(), fn(a, b))
+
+
+def test_gcd_broadcasts_and_runs_in_place():
+    a, b = _pair(torch.int64)
+    x = a.to(TPU)
+    x.gcd_(b[0].to(TPU))
+    assert torch.equal(x.cpu(), a.gcd(b[0]))
