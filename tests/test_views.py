@@ -281,3 +281,14 @@ def test_view_of_base_after_write():
     v.add_(1)
     assert_close(x, torch.tensor([[2.0] * 4, [3.0] * 4, [2.0] * 4]))
     assert v._base is x
+
+
+def test_unsafe_view_shares_storage_so_kron_out_writes_through():
+    x = torch.zeros(4, 6).to(TPU)
+    u = torch.ops.aten._unsafe_view(x, [2, 12])
+    u.add_(1)
+    assert x.cpu().sum().item() == 24.0
+    a, b = torch.randn(2, 3), torch.randn(4, 5)
+    for out in (torch.empty(0).to(TPU), torch.empty(8, 15).to(TPU)):
+        torch.kron(a.to(TPU), b.to(TPU), out=out)  # kron_out multiplies into an _unsafe_view of out
+        assert_close(out, torch.kron(a, b))

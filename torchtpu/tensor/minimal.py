@@ -274,6 +274,7 @@ def meta_view(op: Any) -> Any:
 
 VIEW_OPS = [
     aten.view.default,
+    aten._unsafe_view.default,  # a view autograd does not track (kron's out= writes through it)
     aten._reshape_alias.default,
     aten.as_strided.default,
     aten.unfold.default,
