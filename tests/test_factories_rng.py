@@ -257,3 +257,11 @@ def test_multinomial():
     assert abs((s[0] == 2).float().mean() - 0.75) < 0.03
     s2 = torch.multinomial(torch.tensor([1.0, 2.0, 3.0, 4.0, 0.0], device=TPU), 4).cpu()
     assert sorted(s2.tolist()) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_integer_linspace_logspace_truncate_like_the_cpu(dtype):
+    # the CPU converts start/end to the integer dtype first, and divides exactly
+    for fn, args in ((torch.linspace, (50, 1, 50)), (torch.linspace, (4.3, 40.9, 13)), (torch.logspace, (4.3, 2, 4, 3.0))):
+        got = fn(*args, dtype=dtype, device=TPU)
+        assert torch.equal(got.cpu(), fn(*args, dtype=dtype)), (fn, args)

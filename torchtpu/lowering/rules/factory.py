@@ -7,6 +7,7 @@ Every rule builds its result from the output spec PyTorch's meta kernel computed
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -98,20 +99,29 @@ def arange(L: NodeLowering, *args: Any, **kwargs: Any) -> Value:
 
 
 def _linspace_values(L: NodeLowering, start: Any, end: Any, steps: int, cdt: torch.dtype) -> Value:
-    """PyTorch's symmetric linspace: start + i*step for the first half, end - (n-1-i)*step after."""
+    """PyTorch's symmetric linspace: start + i*step for the first half, end - (n-1-i)*step
+    after. For an integer result the CPU first converts start and end to it (truncating)."""
     b = L.b
     shape = (steps,)
+    out = L.out[0].dtype
+    integral = not is_float(out) and not is_complex(out)
 
     def scalar(x: Any) -> Value:
         if isinstance(x, Value):
             x = b.reshape(x, ()) if x.rank else x
+            if integral:
+                x = L.to(x, out)
             return L.broadcast_to(L.to(x, cdt), shape)
-        return L.full(x, shape, cdt)
+        return L.full(math.trunc(x) if integral else x, shape, cdt)
 
     s, e = scalar(start), scalar(end)
     if steps == 1:
         return s
-    step = b.binary("divide", b.binary("subtract", e, s), L.full(steps - 1, shape, cdt))
+    # the divisor goes through an optimization barrier: XLA would turn the division by a
+    # constant into a multiplication by its rounded reciprocal, and linspace(50, 1, 50) in
+    # int64 would truncate 1 + 24 * 0.999... to 24 where the CPU's exact step gives 25
+    (n,) = b.op("stablehlo.optimization_barrier", [b.constant(steps - 1, cdt)], [((), cdt)])
+    step = b.binary("divide", b.binary("subtract", e, s), b.broadcast_in_dim(n, shape, []))
     idx = b.iota(shape, 0, cdt)
     lo = b.binary("add", s, b.binary("multiply", step, idx))
     rev = b.binary("subtract", L.full(steps - 1, shape, cdt), idx)
