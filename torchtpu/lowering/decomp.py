@@ -126,3 +126,46 @@ def _cdist_backward(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, p: f
     # like the CPU kernel, the result has the *broadcast* batch shape (autograd then sums
     # it to x1's shape); summing here as well would count broadcast batches twice
     return (g * w).sum(-2)
+
+
+# -- shrink backward ---------------------------------------------------------------------------
+# PyTorch has no decomposition for these (and the dispatcher would otherwise land on their
+# out= overload, softshrink_backward.grad_input, which nothing implements).
+@register_own(aten.softshrink_backward.default, aten.hardshrink_backward.default)
+def _shrink_backward(grad: torch.Tensor, x: torch.Tensor, lambd: float) -> torch.Tensor:
+    # the CPU kernels: (x >= -lambd && x <= lambd) ? 0 : grad (so NaN passes the gradient)
+    inside = (x >= -lambd) & (x <= lambd)
+    return torch.where(inside, torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
+
+
+# -- _efficientzerotensor ---------------------------------------------------------------------------
+@register_own(aten._efficientzerotensor.default)
+def _efficientzerotensor(size: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> torch.Tensor:
+    """Autograd's zero gradient (sgn/sign of real inputs, ...): a plain zero tensor on
+    tpu (no ZeroTensor dispatch key: the values are what matters). The device is the
+    program's, so the traced factory is left on the default device."""
+    return torch.zeros(size, dtype=dtype)
+
+
+# -- _pdist_backward --------------------------------------------------------------------------------
+def _condensed_to_square(v: torch.Tensor, n: int) -> torch.Tensor:
+    """pdist's condensed vector (the strict upper triangle, row by row) as a symmetric
+    n x n matrix with a zero diagonal (static slices, like _pdist_forward)."""
+    rows, start = [], 0
+    for i in range(n):
+        k = n - i - 1
+        rows.append(torch.cat([v.new_zeros((i + 1,)), v[start : start + k]]))
+        start += k
+    upper = torch.stack(rows)
+    return upper + upper.t()
+
+
+@register_own(aten._pdist_backward.default)
+def _pdist_backward(grad: torch.Tensor, x: torch.Tensor, p: float, pdist: torch.Tensor) -> torch.Tensor:
+    """d pdist / d x: x_i gets sum_j g_ij * w(x_i - x_j) over both orders of each pair,
+    which is cdist's backward with x against itself and the gradient (and distances)
+    laid out as symmetric matrices; the CPU's rules (dist 0 -> 0, p = 0/1/2/inf) apply."""
+    n = x.shape[0]
+    if n < 2 or x.shape[1] == 0:
+        return torch.zeros_like(x)
+    return _cdist_backward(_condensed_to_square(grad, n), x, x, p, _condensed_to_square(pdist, n))

@@ -188,10 +188,20 @@ def _device_arg(v: Any) -> Any:
     return v
 
 
-def _on_tpu(sample: Any) -> Any:
-    """The sample with its tensors on tpu, and factory ``device=`` arguments pointing at tpu."""
+# Positional arguments PyTorch requires on the CPU whatever the input's device (the
+# samples build them there): tensor_split's tensor_indices_or_sections.
+_CPU_ARGS: dict[str, tuple[int, ...]] = {"tensor_split": (0,)}
+
+
+def _on_tpu(sample: Any, op: Any = None) -> Any:
+    """The sample with its tensors on tpu (except the arguments PyTorch wants on the CPU),
+    and factory ``device=`` arguments pointing at tpu."""
     moved = sample.transform(_to_tpu)
-    moved.args = tuple(_device_arg(a) for a in moved.args)
+    args = [_device_arg(a) for a in moved.args]
+    for i in _CPU_ARGS.get(op_id(op), ()) if op is not None else ():
+        if i < len(args) and isinstance(sample.args[i], torch.Tensor):
+            args[i] = sample.args[i]
+    moved.args = tuple(args)
     moved.kwargs = {k: _device_arg(v) if k == "device" else v for k, v in moved.kwargs.items()}
     return moved
 
@@ -214,7 +224,7 @@ def _cpu(fn: Callable[[], Any]) -> Any:
 
 
 def _run_fwd(op: Any, sample: Any, tol: dict[str, float]) -> None:
-    tpu = _on_tpu(sample)
+    tpu = _on_tpu(sample, op)
     expected = _cpu(lambda: sample.output_process_fn_grad(op(sample.input, *sample.args, **sample.kwargs)))
     actual = tpu.output_process_fn_grad(op(tpu.input, *tpu.args, **tpu.kwargs))
     _check_devices(actual)
@@ -223,7 +233,7 @@ def _run_fwd(op: Any, sample: Any, tol: dict[str, float]) -> None:
 
 def _run_inplace(op: Any, sample: Any, tol: dict[str, float]) -> None:
     fn = op.inplace_variant
-    tpu = _on_tpu(sample)
+    tpu = _on_tpu(sample, op)
     cpu_in = sample.input.clone() if isinstance(sample.input, torch.Tensor) else sample.input
     expected = _cpu(lambda: fn(cpu_in, *sample.args, **sample.kwargs))
     actual = fn(tpu.input, *tpu.args, **tpu.kwargs)
@@ -233,7 +243,7 @@ def _run_inplace(op: Any, sample: Any, tol: dict[str, float]) -> None:
 
 
 def _run_out(op: Any, sample: Any, tol: dict[str, float]) -> None:
-    tpu = _on_tpu(sample)
+    tpu = _on_tpu(sample, op)
     expected = _cpu(lambda: op(sample.input, *sample.args, **sample.kwargs))
     flat, spec = tree_flatten(expected)
     if not all(isinstance(t, torch.Tensor) for t in flat):
@@ -262,7 +272,7 @@ def _grad_pairs(cpu_out: Any, tpu_out: Any) -> tuple[list[torch.Tensor], list[to
 
 
 def _run_grad(op: Any, sample: Any, tol: dict[str, float]) -> None:
-    tpu = _on_tpu(sample)
+    tpu = _on_tpu(sample, op)
     cpu_out = _cpu(lambda: sample.output_process_fn_grad(op(sample.input, *sample.args, **sample.kwargs)))
     tpu_out = tpu.output_process_fn_grad(op(tpu.input, *tpu.args, **tpu.kwargs))
     e_outs, a_outs = _grad_pairs(cpu_out, tpu_out)

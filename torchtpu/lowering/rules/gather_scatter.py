@@ -1,6 +1,6 @@
 """Gather, scatter and indexing: index_select, gather, scatter(_add/_reduce), advanced
 indexing (index.Tensor, index_put), index_add/fill/copy, masked_scatter, embedding and
-its backward.
+its backward, index_reduce.
 
 Every rule is a static program. Data-dependent shapes (bool-mask indexing, nonzero,
 masked_select) are handled by eager kernels in tensor/host_ops.py that sync the size to
@@ -268,6 +268,37 @@ def index_add(L: NodeLowering, x: Value, dim: int, index: Value, source: Value, 
         source = L.b.binary("multiply", source, L.full(alpha, source.shape, x.dtype))
     _check_bounds(L, index, x.shape[dim] if x.rank else 1, dim, negative_ok=False)
     return _scatter_rows(L, x, dim, index, source, _combiner(L, "add", x.dtype))
+
+
+@register(aten.index_reduce.default)
+def index_reduce(
+    L: NodeLowering, x: Value, dim: int, index: Value, source: Value, reduce: str, *, include_self: bool = True
+) -> Value:
+    """x[..., index[i], ...] reduced with source[..., i, ...] (prod/mean/amax/amin), as
+    the CPU: without include_self the indexed rows start from the reduction's identity
+    (-inf/+inf, the integer bounds); mean divides by the count of contributions (plus
+    one for self), floor division for integers; rows never indexed keep x."""
+    b = L.b
+    dim = wrap_dim(dim, x.rank)
+    size = x.shape[dim] if x.rank else 1
+    if prod(index.shape) == 0:
+        return x
+    _check_bounds(L, index, size, dim, negative_ok=False)
+    source = L.to(source, x.dtype)
+    rows = list(x.shape) if x.rank else [1]
+    rows[dim] = prod(index.shape)
+    base = x
+    if not include_self:
+        hit = _scatter_rows(L, L.zeros(x.shape, torch.bool), dim, index, L.full(True, rows, torch.bool), None)
+        base = b.select(hit, L.full(_identity(reduce, x.dtype), x.shape, x.dtype), x)
+    out = _scatter_rows(L, base, dim, index, source, _combiner(L, reduce, x.dtype))
+    if reduce != "mean":
+        return out
+    count = _scatter_rows(L, L.full(1 if include_self else 0, x.shape, x.dtype), dim, index, L.full(1, rows, x.dtype), _combiner(L, "add", x.dtype))
+    safe = b.select(b.compare(count, L.zeros(x.shape, x.dtype), "EQ"), L.full(1, x.shape, x.dtype), count)
+    if is_float(x.dtype) or is_complex(x.dtype):
+        return b.binary("divide", out, safe)
+    return _floor_div(L, out, safe)
 
 
 @register(aten.index_copy.default)

@@ -1,5 +1,5 @@
 """Pooling and resampling: max/avg pooling (1-3 spatial dims, with indices and backward),
-adaptive avg/max pooling, nearest/linear upsampling (and backward).
+adaptive avg/max pooling, nearest/linear/cubic and anti-aliased upsampling (and backward).
 
 Windowed reductions are ``stablehlo.reduce_window``; max pooling carries the flat input
 index (per plane, as PyTorch's CPU kernels number it) through a variadic reduce_window,
@@ -444,24 +444,99 @@ def _nearest_index(n: int, o: int, scale: float | None, exact: bool) -> np.ndarr
     return np.minimum(src.astype(np.int64), n - 1)
 
 
-def _linear_matrix(n: int, o: int, align_corners: bool, scale: float | None) -> np.ndarray:
+def _linear_matrix(n: int, o: int, align_corners: bool, scale: float | None, ft: type = np.float32) -> np.ndarray:
+    """Linear interpolation along one dim, weights computed in the kernel's float type ``ft``."""
     if align_corners:
-        s = np.float32(n - 1) / np.float32(o - 1) if o > 1 else np.float32(0)
+        s = ft(n - 1) / ft(o - 1) if o > 1 else ft(0)
     else:
-        s = _scale(n, o, scale)
+        s = ft(1.0 / scale) if scale is not None and scale > 0 else ft(n) / ft(o)
     m = np.zeros((o, n), dtype=np.float64)
     for i in range(o):
         if align_corners:
-            src = np.float32(s * np.float32(i))
+            src = ft(s * ft(i))
         else:
-            src = np.float32(s * np.float32(i + np.float32(0.5)) - np.float32(0.5))
-            src = max(src, np.float32(0))
+            src = ft(s * ft(i + ft(0.5)) - ft(0.5))
+            src = max(src, ft(0))
         i0 = int(src)
         step = 1 if i0 < n - 1 else 0
-        l1 = np.float32(src - np.float32(i0))
-        l0 = np.float32(np.float32(1) - l1)
+        l1 = ft(src - ft(i0))
+        l0 = ft(ft(1) - l1)
         m[i, i0] += l0
         m[i, i0 + step] += l1
+    return m
+
+
+def _source_scale(n: int, o: int, align_corners: bool, scale: float | None, ft: type) -> Any:
+    """PyTorch's area_pixel_compute_scale, in the kernel's float type ``ft``."""
+    if align_corners:
+        return ft(n - 1) / ft(o - 1) if o > 1 else ft(0)
+    if scale is not None and scale > 0:
+        return ft(1.0 / scale)
+    return ft(n) / ft(o)
+
+
+def _cubic_near(x: Any, a: Any, ft: type) -> Any:
+    """Keys' cubic convolution kernel for |x| <= 1 (PyTorch's cubic_convolution1)."""
+    return ((a + ft(2)) * x - (a + ft(3))) * x * x + ft(1)
+
+
+def _cubic_far(x: Any, a: Any, ft: type) -> Any:
+    """... and for 1 < |x| < 2 (cubic_convolution2)."""
+    return ((a * x - ft(5) * a) * x + ft(8) * a) * x - ft(4) * a
+
+
+def _cubic_coefficients(t: Any, ft: type, a: float) -> list[Any]:
+    """PyTorch's get_cubic_upsample_coefficients for the 4 taps around ``t``."""
+    a = ft(a)
+    return [_cubic_far(t + ft(1), a, ft), _cubic_near(t, a, ft), _cubic_near(ft(1) - t, a, ft), _cubic_far(ft(1) - t + ft(1), a, ft)]
+
+
+def _cubic_matrix(n: int, o: int, align_corners: bool, scale: float | None, ft: type, rnd: Any = float) -> np.ndarray:
+    """upsample_bicubic2d along one dim: 4 taps at clamped indices around the source
+    point (A = -0.75), weights computed as the CPU kernel does, in its float type, and
+    rounded (``rnd``) to the dtype it stores them in."""
+    s = _source_scale(n, o, align_corners, scale, ft)
+    m = np.zeros((o, n), dtype=np.float64)
+    for i in range(o):
+        real = s * ft(i) if align_corners else s * (ft(i) + ft(0.5)) - ft(0.5)
+        i0 = min(int(np.floor(real)), n - 1)  # guard_index_and_lambda
+        t = min(max(real - ft(i0), ft(0)), ft(1))
+        for j, w in enumerate(_cubic_coefficients(t, ft, -0.75)):
+            m[i, min(max(i0 - 1 + j, 0), n - 1)] += rnd(w)
+    return m
+
+
+def _aa_filter(x: Any, cubic: bool, ft: type) -> Any:
+    x = abs(x)
+    if not cubic:
+        return ft(1) - x if x < 1 else ft(0)
+    if x < 1:  # the anti-aliasing cubic filter uses a = -0.5 (PIL's), not -0.75
+        return _cubic_near(x, ft(-0.5), ft)
+    if x < 2:
+        return _cubic_far(x, ft(-0.5), ft)
+    return ft(0)
+
+
+def _aa_matrix(n: int, o: int, align_corners: bool, scale: float | None, cubic: bool, ft: type) -> np.ndarray:
+    """Anti-aliased (PIL-style) resampling along one dim, as the CPU's
+    _compute_indices_min_size_weights_aa: when downsampling the filter widens by the
+    scale, and each output's weights are normalised to sum to one."""
+    interp = 4 if cubic else 2
+    s = _source_scale(n, o, align_corners, scale, ft)
+    support = ft(interp * 0.5) * s if s >= 1 else ft(interp * 0.5)
+    max_size = int(np.ceil(support)) * 2 + 1
+    invscale = ft(1) / s if s >= 1 else ft(1)
+    m = np.zeros((o, n), dtype=np.float64)
+    for i in range(o):
+        center = s * (ft(i) + ft(0.5))
+        xmin = max(int(center - support + ft(0.5)), 0)  # int(): truncation, as static_cast
+        xsize = min(max(min(int(center + support + ft(0.5)), n) - xmin, 0), max_size)
+        ws = [_aa_filter((ft(j + xmin) - center + ft(0.5)) * invscale, cubic, ft) for j in range(xsize)]
+        total = ft(0)
+        for w in ws:
+            total = ft(total + w)
+        for j, w in enumerate(ws):
+            m[i, xmin + j] = w / total if total != 0 else w
     return m
 
 
@@ -476,6 +551,9 @@ _UPSAMPLE = {
     aten.upsample_linear1d.default: (1, "linear"),
     aten.upsample_bilinear2d.default: (2, "linear"),
     aten.upsample_trilinear3d.default: (3, "linear"),
+    aten.upsample_bicubic2d.default: (2, "cubic"),
+    aten._upsample_bilinear2d_aa.default: (2, "aa_linear"),
+    aten._upsample_bicubic2d_aa.default: (2, "aa_cubic"),
 }
 _UPSAMPLE_BACKWARD = {
     aten.upsample_nearest1d_backward.default: (1, "nearest"),
@@ -487,15 +565,44 @@ _UPSAMPLE_BACKWARD = {
     aten.upsample_linear1d_backward.default: (1, "linear"),
     aten.upsample_bilinear2d_backward.default: (2, "linear"),
     aten.upsample_trilinear3d_backward.default: (3, "linear"),
+    aten.upsample_bicubic2d_backward.default: (2, "cubic"),
+    aten._upsample_bilinear2d_aa_backward.default: (2, "aa_linear"),
+    aten._upsample_bicubic2d_aa_backward.default: (2, "aa_cubic"),
 }
+_INTERPOLATING = ("linear", "cubic", "aa_linear", "aa_cubic")  # kinds with align_corners
 
 
-def _upsample_mats(kind: str, n: Sequence[int], o: Sequence[int], align_corners: bool, scales: Sequence[Any]) -> list[np.ndarray]:
+def _weight_rounding(dtype: torch.dtype) -> Any:
+    """A weight as stored in ``dtype`` (16-bit floats round it), back as a Python float."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return float
+    return lambda w: torch.tensor(float(w), dtype=dtype).item()
+
+
+def _upsample_mats(
+    kind: str,
+    n: Sequence[int],
+    o: Sequence[int],
+    align_corners: bool,
+    scales: Sequence[Any],
+    dtype: torch.dtype = torch.float32,
+    backward: bool = False,
+) -> list[np.ndarray]:
+    # the CPU computes the interpolation weights in the input's opmath type (double for
+    # float64, else float); its forward cubic kernel stores them in the input's dtype
+    # (16-bit inputs: rounded; matches the CPU bit for bit), the linear and backward
+    # kernels keep them in opmath
+    ft = np.float64 if dtype is torch.float64 else np.float32
+    rnd = float if backward else _weight_rounding(dtype)
     mats = []
     for i in range(len(n)):
         sc = scales[i] if i < len(scales) else None
         if kind == "linear":
-            mats.append(_linear_matrix(n[i], o[i], align_corners, sc))
+            mats.append(_linear_matrix(n[i], o[i], align_corners, sc, ft))
+        elif kind == "cubic":
+            mats.append(_cubic_matrix(n[i], o[i], align_corners, sc, ft, rnd))
+        elif kind in ("aa_linear", "aa_cubic"):
+            mats.append(_aa_matrix(n[i], o[i], align_corners, sc, kind == "aa_cubic", ft))
         else:
             m = np.zeros((o[i], n[i]), dtype=np.float64)
             m[np.arange(o[i]), _nearest_index(n[i], o[i], sc, kind == "exact")] = 1.0
@@ -506,7 +613,7 @@ def _upsample_mats(kind: str, n: Sequence[int], o: Sequence[int], align_corners:
 def _split_upsample_args(kind: str, nsp: int, rest: Sequence[Any]) -> tuple[bool, list[Any]]:
     rest = list(rest)
     align = False
-    if kind == "linear":
+    if kind in _INTERPOLATING:
         align = bool(rest.pop(0)) if rest else False
     scales = (rest + [None] * nsp)[:nsp]
     return align, scales
@@ -527,8 +634,8 @@ def _upsample(L: NodeLowering, x: Value, output_size: Sequence[int], *rest: Any,
     lead = x.rank - nsp
     n, o = x.shape[lead:], out.shape[lead:]
     align, scales = _split_upsample_args(kind, nsp, rest)
-    if kind == "linear":
-        return _apply_matrices(L, x, _upsample_mats(kind, n, o, align, scales), nsp, out.dtype)
+    if kind in _INTERPOLATING:
+        return _apply_matrices(L, x, _upsample_mats(kind, n, o, align, scales, x.dtype), nsp, out.dtype)
     # nearest: an exact gather per dim
     y = x
     for i in range(nsp):
@@ -545,7 +652,7 @@ def _upsample_backward(L: NodeLowering, grad: Value, output_size: Sequence[int],
     lead = grad.rank - nsp
     n, o = list(input_size)[-nsp:], grad.shape[lead:]
     align, scales = _split_upsample_args(kind, nsp, rest)
-    mats = [m.T.copy() for m in _upsample_mats(kind, n, o, align, scales)]
+    mats = [m.T.copy() for m in _upsample_mats(kind, n, o, align, scales, grad.dtype, backward=True)]
     return _apply_matrices(L, grad, mats, nsp, out.dtype)
 
 

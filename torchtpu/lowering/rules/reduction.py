@@ -1,5 +1,5 @@
 """Reductions: sum/mean/prod, amax/amin, max/min with indices, argmax/argmin, var/std,
-cumulative sums and products, logsumexp, any/all, vector norms, softmax.
+cumulative sums, products and max/min (cummax/cummin), logsumexp, any/all, vector norms, softmax.
 
 16-bit floats accumulate in float32 (PyTorch's opmath), then round to the output dtype.
 """
@@ -285,6 +285,49 @@ def cumsum(L: NodeLowering, x: Value, dim: int, dtype: Any = None) -> Value:
     return _out(L, scan(L, x, dim % x.rank, "add" if is_sum else "multiply", 0 if is_sum else 1))
 
 
+def _shift_in(L: NodeLowering, x: Value, dim: int, k: int, fill: Any) -> Value:
+    """``x`` moved ``k`` places forward along ``dim``; the first ``k`` slots hold ``fill``."""
+    low = [0] * x.rank
+    low[dim] = k
+    limit = list(x.shape)
+    limit[dim] = x.shape[dim] - k
+    return L.b.pad(L.b.slice(x, [0] * x.rank, limit), L.b.constant(fill, x.dtype), low, [0] * x.rank)
+
+
+def scan_extreme(L: NodeLowering, x: Value, dim: int, is_max: bool) -> tuple[Value, Value]:
+    """(running max/min, int64 index of it) along ``dim``, as the CPU's cummax/cummin:
+    a later element takes over when it is NaN, or when it ties or beats a non-NaN
+    running value (so ties pick the LAST index and NaN sticks). "Later wins unless the
+    earlier one is strictly better" is a max under a total order, hence associative: a
+    Hillis-Steele scan of (value, index) pairs gives the same answer as the CPU loop."""
+    b = L.b
+    values, indices = x, b.iota(x.shape, dim, torch.int64)
+    fl = is_float(x.dtype)
+    n = x.shape[dim]
+    k = 1
+    while k < n:
+        # the fill never takes over: -inf/+inf (int bounds, False/True) loses every tie
+        # against a real element, which comes later
+        early_v = _shift_in(L, values, dim, k, _extreme(x.dtype, is_max))
+        early_i = _shift_in(L, indices, dim, k, 0)
+        later_wins = b.compare(values, early_v, "GE" if is_max else "LE")
+        if fl:
+            later_nan = b.compare(values, values, "NE")
+            early_num = b.compare(early_v, early_v, "EQ")
+            later_wins = b.binary("or", later_nan, b.binary("and", early_num, later_wins))
+        values = b.select(later_wins, values, early_v)
+        indices = b.select(later_wins, indices, early_i)
+        k *= 2
+    return values, indices
+
+
+@register(aten.cummax.default, aten.cummin.default)
+def cummax(L: NodeLowering, x: Value, dim: int) -> tuple[Value, Value]:
+    if x.rank == 0:
+        return x, L.zeros((), torch.int64)
+    return scan_extreme(L, x, dim % x.rank, L.op is aten.cummax.default)
+
+
 @register(aten.logcumsumexp.default)
 def logcumsumexp(L: NodeLowering, x: Value, dim: int) -> Value:
     x = L.to(x, acc_dtype(L.out[0].dtype))
@@ -421,3 +464,92 @@ def log_softmax_backward(L: NodeLowering, grad: Value, y: Value, dim: int, input
     dims = _softmax_dims(y, dim)
     r = b.binary("subtract", g, b.binary("multiply", b.unary("exponential", y), L.broadcast_to(sum_keep(L, g, dims), y.shape)))
     return _out(L, r)
+
+
+# -- histc -----------------------------------------------------------------------------------------
+def _histc_range(L: NodeLowering, flat: Value, lo: float, hi: float) -> tuple[Value, Value]:
+    """The outer bin edges, as the CPU's histc_select_outer_bin_edges: min == max means
+    the data's min and max (a device reduction: no host sync), and a still-empty range
+    widens to [min - 1, max + 1]."""
+    b = L.b
+    dt = flat.dtype
+    if lo != hi or flat.shape[0] == 0:
+        if lo == hi:
+            lo, hi = lo - 1, hi + 1
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError(f"torch.histc: range of [{lo}, {hi}] is not finite")
+        if not lo < hi:
+            raise ValueError("torch.histc: max must be larger than min")
+        return b.constant(lo, dt), b.constant(hi, dt)
+    lo_v = reduce_extreme(L, flat, [0], is_max=False)
+    hi_v = reduce_extreme(L, flat, [0], is_max=True)
+    inf = b.constant(math.inf, dt)
+    finite = b.binary("and", b.compare(b.unary("abs", lo_v), inf, "LT"), b.compare(b.unary("abs", hi_v), inf, "LT"))
+    # the CPU raises here; a device program can only report it (at the next wait)
+    L.check(b.unary("not", finite), "torch.histc: range of the input is not finite (it holds inf or NaN)")
+    same = b.compare(lo_v, hi_v, "EQ")
+    one = b.constant(1, dt)
+    return b.select(same, b.binary("subtract", lo_v, one), lo_v), b.select(same, b.binary("add", hi_v, one), hi_v)
+
+
+# (exponent bits, mantissa bits) of the 16-bit floats, for stablehlo.reduce_precision
+_FLOAT16_BITS = {torch.float16: (5, 10), torch.bfloat16: (8, 7)}
+
+
+def _histc_bin(L: NodeLowering, x: Value, lo: Value, hi: Value, bins: int) -> Value:
+    """(x - lo) * bins / (hi - lo), rounded to x's dtype after every step as the CPU's
+    c10::Half/BFloat16 arithmetic does. Plain 16-bit ops would not do: XLA's CPU backend
+    computes them in f32 and drops the intermediate roundings, which moves elements
+    near a bin edge into the next bin. reduce_precision keeps them."""
+    b = L.b
+    bits = _FLOAT16_BITS.get(x.dtype)
+    if bits is None:
+        d = b.binary("multiply", b.binary("subtract", x, lo), L.full(bins, x.shape, x.dtype))
+        return b.binary("divide", d, b.binary("subtract", hi, lo))
+
+    def rounded(v: Value) -> Value:
+        attrs = f"exponent_bits = {bits[0]} : i32, mantissa_bits = {bits[1]} : i32"
+        return b.op1("stablehlo.reduce_precision", [v], v.shape, v.dtype, attrs)
+
+    x, lo, hi = (L.to(v, torch.float32) for v in (x, lo, hi))
+    d = rounded(b.binary("multiply", rounded(b.binary("subtract", x, lo)), rounded(L.full(bins, x.shape, torch.float32))))
+    return rounded(b.binary("divide", d, rounded(b.binary("subtract", hi, lo))))
+
+
+@register(aten.histc.default, static_scalars=True)
+def histc(L: NodeLowering, x: Value, bins: int = 100, min: Any = 0, max: Any = 0) -> Value:  # noqa: A002
+    """Counts per equal-width bin: each element's bin is computed as the CPU computes it,
+    trunc((x - lo) * bins / (hi - lo)) in x's dtype (x == hi goes to the last bin;
+    NaN and values outside [lo, hi] are not counted), then one scatter-add of ones."""
+    b = L.b
+    dt = L.out[0].dtype
+    bins = int(bins)
+    flat = b.reshape(L.to(x, dt), (numel(x.shape),))
+    n = flat.shape[0]
+    lo, hi = _histc_range(L, flat, float(min), float(max))
+    if n == 0:
+        return L.zeros((bins,), dt)
+    lo_b, hi_b = L.broadcast_to(lo, (n,)), L.broadcast_to(hi, (n,))
+    pos = b.convert(_histc_bin(L, flat, lo_b, hi_b, bins), torch.int64)  # truncates toward zero
+    pos = b.clamp(L.full(0, (n,), torch.int64), pos, L.full(bins - 1, (n,), torch.int64))
+    inside = b.binary("and", b.compare(flat, lo_b, "GE"), b.compare(flat, hi_b, "LE"))  # False for NaN
+    # count in int64 and convert once: a 16-bit running count would stall (bf16 at 256)
+    ones = b.select(inside, L.full(1, (n,), torch.int64), L.zeros((n,), torch.int64))
+    counts = b.scatter(L.zeros((bins,), torch.int64), b.reshape(pos, (n, 1)), ones, [], [0], [0], 1, lambda o, u: b.binary("add", o, u))
+    return L.to(counts, dt)
+
+
+# -- hash_tensor -----------------------------------------------------------------------------------
+@register(aten.hash_tensor.default)
+def hash_tensor(L: NodeLowering, x: Value, dim: Any = (), *, keepdim: bool = False, mode: int = 0) -> Value:
+    """mode 0: XOR of the elements' bits after widening to 64 bits (floats to float64,
+    integers and bool to int64), as a uint64."""
+    if mode != 0:
+        raise NotImplementedError(f"torchtpu: hash_tensor mode={mode} is not supported (only mode=0, xor)")
+    b = L.b
+    wide = L.to(x, torch.float64 if is_float(x.dtype) else torch.int64)
+    bits = b.bitcast_convert(wide, wide.shape, torch.uint64)
+    dims = norm_dims(dim, x.rank)
+    if dims:
+        bits = b.reduce([bits], [b.constant(0, torch.uint64)], dims, _binop(L, "xor"))[0]
+    return _out(L, bits)

@@ -1,4 +1,4 @@
-"""Sorting and searching: sort (stable), topk, searchsorted.
+"""Sorting and searching: sort (stable), topk, searchsorted, median, mode.
 
 ``argsort``, ``msort``, ``kthvalue`` and ``bucketize`` reach these rules through
 PyTorch's decompositions. Every sort is one ``stablehlo.sort`` of (values, iota) with a
@@ -213,6 +213,48 @@ def median_all(L: NodeLowering, x: Value) -> Value:
     flat = L.b.reshape(x, (_numel(x.shape),))
     v, _ = _median(L, flat, 0, L.op is aten.nanmedian.default)
     return L.b.reshape(v, ())
+
+
+# -- mode ------------------------------------------------------------------------------------
+def _mode(L: NodeLowering, x: Value, dim: int) -> tuple[Value, Value]:
+    """The CPU's mode along ``dim``: sort, then the longest run of equal values; on equal
+    run lengths the first run (the smallest value) wins. The index is that of the run's
+    last element in a stable sort, i.e. the value's last occurrence: what the CPU's
+    std::sort gives for up to 16 elements (its insertion-sort range, stable); beyond
+    that the CPU's sort is unstable and may report another occurrence of the same value.
+    NaN never equals itself, so (as on the CPU) every NaN is a run of its own."""
+    from .reduction import reduce_arg, scan
+
+    b = L.b
+    n = x.shape[dim]
+    values, indices = sort_with_indices(L, x, dim, descending=False)
+    pos = b.iota(values.shape, dim, torch.int64)
+    zero = [0] * x.rank
+    limit = list(x.shape)
+    limit[dim] = n - 1
+    one_before = list(zero)
+    one_before[dim] = 1
+    # neighbours along dim (the slot shifted in is never looked at: first/last are forced)
+    prev = b.pad(b.slice(values, zero, limit), b.constant(0, x.dtype), one_before, zero)
+    nxt = b.pad(b.slice(values, one_before, list(x.shape)), b.constant(0, x.dtype), zero, one_before)
+    first = b.compare(pos, L.zeros(pos.shape, torch.int64), "EQ")
+    last = b.compare(pos, L.full(n - 1, pos.shape, torch.int64), "EQ")
+    starts = b.binary("or", first, b.compare(values, prev, "NE"))
+    ends = b.binary("or", last, b.compare(values, nxt, "NE"))
+    run_start = scan(L, b.select(starts, pos, L.zeros(pos.shape, torch.int64)), dim, "maximum", 0)
+    run_len = b.binary("add", b.binary("subtract", pos, run_start), L.full(1, pos.shape, torch.int64))
+    # a run's length counts at its last element only; argmax picks the first longest run
+    freq = b.select(ends, run_len, L.zeros(pos.shape, torch.int64))
+    _, best = reduce_arg(L, freq, dim, is_max=True)
+    return _pick(L, values, dim, best), _pick(L, indices, dim, best)
+
+
+@register(aten.mode.default)
+def mode(L: NodeLowering, x: Value, dim: int = -1, keepdim: bool = False) -> tuple[Value, Value]:
+    if x.rank == 0:
+        return x, L.zeros((), torch.int64)
+    v, i = _mode(L, x, dim % x.rank)
+    return L.b.reshape(v, L.out[0].shape), L.b.reshape(i, L.out[1].shape)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
