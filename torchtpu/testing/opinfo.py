@@ -203,7 +203,13 @@ def _on_tpu(sample: Any, op: Any = None) -> Any:
             args[i] = sample.args[i]
     moved.args = tuple(args)
     moved.kwargs = {k: _device_arg(v) if k == "device" else v for k, v in moved.kwargs.items()}
+    if op is not None and op.name in _FACTORIES:
+        moved.kwargs.setdefault("device", TPU)  # some samples leave it out: the default is the CPU
     return moved
+
+
+# Factory ops whose result lands on the default device unless told otherwise.
+_FACTORIES = {"arange", "linspace", "logspace"}
 
 
 def _check_devices(out: Any) -> None:
