@@ -231,3 +231,27 @@ def test_embedding_max_norm_module():
     x = torch.tensor([1, 2, 2, 5])
     assert_close(dev(x.to(TPU)), cpu(x))
     assert_close(dev.weight.detach(), cpu.weight.detach())
+
+
+def test_bincount_and_out_forms_of_data_dependent_ops():
+    x = torch.randint(0, 7, (20,))
+    w = torch.randn(20)
+    assert torch.equal(torch.bincount(x.to(TPU)).cpu(), torch.bincount(x))
+    assert_close(torch.bincount(x.to(TPU), w.to(TPU), minlength=10), torch.bincount(x, w, minlength=10))
+    out = torch.empty(0, dtype=torch.int64).to(TPU)
+    torch.nonzero(x.to(TPU) > 3, out=out)
+    assert torch.equal(out.cpu(), torch.nonzero(x > 3))
+    out = torch.empty(0).to(TPU)
+    torch.masked_select(w.to(TPU), x.to(TPU) > 3, out=out)
+    assert torch.equal(out.cpu(), torch.masked_select(w, x > 3))
+
+
+def test_histogram_and_histogramdd_match_cpu():
+    w = torch.randn(50)
+    hist, edges = torch.histogram(w.to(TPU), bins=5)
+    want_hist, want_edges = torch.histogram(w, bins=5)
+    assert hist.device.type == "tpu"
+    assert_close(hist, want_hist)
+    assert_close(edges, want_edges)
+    pts = torch.randn(30, 2)
+    assert_close(torch.histogramdd(pts.to(TPU), bins=[3, 4]).hist, torch.histogramdd(pts, bins=[3, 4]).hist)

@@ -1,5 +1,6 @@
 """Eager kernels for ops whose output shape depends on tensor values (nonzero,
-masked_select, bool-mask indexing, unique and unique_consecutive). They sync to the host for the data-dependent part
+masked_select, bool-mask indexing, unique and unique_consecutive, bincount; and the
+histograms, which run on the host for now). They sync to the host for the data-dependent part
 (the positions of the True elements) and run everything else as ordinary device programs.
 
 Register ``kernels()`` for the PrivateUse1 key after the generic op kernels (or exclude
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 aten = torch.ops.aten
 
@@ -81,23 +83,44 @@ def masked_select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def _on_host(op: Any) -> Any:
-    """A kernel that runs ``op`` on a host copy of its tensor input and moves every result
-    back: the output sizes (number of unique values) are only known after looking at the
-    data, so the whole op runs where the data already has to be."""
+    """A kernel that runs ``op`` on host copies of its tensor arguments and moves every
+    result back: the output sizes (number of unique values, bincount's length) are only
+    known after looking at the data, so the whole op runs where the data already has to be."""
 
-    def kernel(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
         from .minimal import from_cpu, to_cpu
 
-        out = op(to_cpu(x), *args, **kwargs)
-        if isinstance(out, torch.Tensor):
-            return from_cpu(out)
-        return tuple(from_cpu(t) for t in out)
+        host = lambda t: to_cpu(t) if isinstance(t, torch.Tensor) and t.device.type == "tpu" else t  # noqa: E731
+        out = op(*tree_map(host, args), **tree_map(host, kwargs))
+        return tree_map(lambda t: from_cpu(t) if isinstance(t, torch.Tensor) else t, out)
 
     kernel.__name__ = f"tpu_host_{op.name()}"
     return kernel
 
 
+def _into_out(fn: Any) -> Any:
+    """The out= form of a data-dependent op: compute, then resize ``out`` and copy (as the
+    CPU kernels do)."""
+
+    def kernel(*args: Any, out: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        result = fn(*args, **kwargs)
+        out.resize_(result.shape)
+        return out.copy_(result)
+
+    return kernel
+
+
 _UNIQUE_OPS = (aten._unique.default, aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default, aten.unique_dim_consecutive.default)
+# bincount's length is data-dependent; the histograms' shapes are not, but their CPU
+# kernels' bin search is what OpInfo compares against (no device rule yet): on the host too
+_HOST_OPS = (
+    aten.bincount.default,
+    aten.histogram.bin_ct,
+    aten.histogram.bins_tensor,
+    aten._histogramdd_bin_edges.default,
+    aten._histogramdd_from_bin_cts.default,
+    aten._histogramdd_from_bin_tensors.default,
+)
 
 
 def kernels() -> dict[Any, Any]:
@@ -108,5 +131,8 @@ def kernels() -> dict[Any, Any]:
         aten.index_put_.default: _index_put_kernel(aten.index_put_.default),
         aten.index_put.default: _index_put_kernel(aten.index_put.default),
         aten._index_put_impl_.default: _index_put_kernel(aten._index_put_impl_.default),
-        **{op: _on_host(op) for op in _UNIQUE_OPS},
+        aten.nonzero.out: _into_out(nonzero),
+        aten.masked_select.out: _into_out(masked_select),
+        **{op: _on_host(op) for op in (*_UNIQUE_OPS, *_HOST_OPS)},
+        aten.bincount.out: _into_out(_on_host(aten.bincount.default)),
     }
