@@ -132,3 +132,11 @@ def test_complex_gradients_use_the_conjugate_derivative(fn):
     fn(x).backward(g)
     fn(xt).backward(g.to(TPU))
     assert_close(xt.grad, x.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_complex_logsumexp_is_a_clear_error_not_a_wrong_answer():
+    x = torch.randn(3, 4, dtype=C64).to(TPU)
+    with pytest.raises(NotImplementedError, match="complex"):
+        torch.logsumexp(x, 1)
+    with pytest.raises(NotImplementedError, match="complex"):
+        torch.logcumsumexp(x, 1)

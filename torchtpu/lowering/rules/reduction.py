@@ -328,8 +328,17 @@ def cummax(L: NodeLowering, x: Value, dim: int) -> tuple[Value, Value]:
     return scan_extreme(L, x, dim % x.rank, L.op is aten.cummax.default)
 
 
+def _no_complex(L: NodeLowering, x: Value) -> None:
+    if is_complex(x.dtype):
+        raise NotImplementedError(
+            f"torchtpu: {L.op} on complex tensors is not lowered yet; run it on the CPU "
+            "(.cpu(), or set TORCHTPU_CPU_FALLBACK=1 to do that automatically)"
+        )
+
+
 @register(aten.logcumsumexp.default)
 def logcumsumexp(L: NodeLowering, x: Value, dim: int) -> Value:
+    _no_complex(L, x)
     x = L.to(x, acc_dtype(L.out[0].dtype))
     if x.rank == 0:
         return _out(L, x)
@@ -369,6 +378,7 @@ def logsumexp_keep(L: NodeLowering, x: Value, dims: Sequence[int]) -> Value:
 
 @register(aten.logsumexp.default)
 def logsumexp(L: NodeLowering, x: Value, dim: Any, keepdim: bool = False) -> Value:
+    _no_complex(L, x)
     x = L.to(x, acc_dtype(L.out[0].dtype))
     return _out(L, logsumexp_keep(L, x, norm_dims(dim, x.rank)))
 
