@@ -116,3 +116,15 @@ def test_pool_bf16():
     check(lambda t: F.avg_pool2d(t, 3, stride=2, padding=1), x, **tol)
     check(lambda t: F.adaptive_avg_pool2d(t, (3, 4)), x, **tol)
     check(lambda t: F.interpolate(t, scale_factor=2, mode="bilinear"), x, **tol)
+
+
+@pytest.mark.parametrize("mode, padding", [("bilinear", "zeros"), ("nearest", "border"), ("bicubic", "reflection")])
+def test_grid_sample_backward_matches_cpu(mode, padding):
+    x = torch.randn(2, 3, 5, 6, requires_grad=True)
+    grid = (torch.rand(2, 4, 7, 2) * 2.4 - 1.2).requires_grad_()
+    xt, gt = x.detach().to(TPU).requires_grad_(), grid.detach().to(TPU).requires_grad_()
+    g = torch.randn(2, 3, 4, 7)
+    F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=False).backward(g)
+    F.grid_sample(xt, gt, mode=mode, padding_mode=padding, align_corners=False).backward(g.to(TPU))
+    assert_close(xt.grad, x.grad, atol=1e-5, rtol=1e-5)
+    assert_close(gt.grad, grid.grad, atol=1e-4, rtol=1e-4)

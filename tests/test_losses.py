@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from utils import check
+from utils import TPU, assert_close, check
 
 REDUCTIONS = ["mean", "sum", "none"]
 
@@ -91,3 +91,24 @@ def test_bce_with_logits(reduction):
     pw = torch.rand(5) + 0.5
     check(lambda x, t: F.binary_cross_entropy_with_logits(x, t, reduction=reduction), x, t)
     check(lambda x, t, w, pw: F.binary_cross_entropy_with_logits(x, t, w, pos_weight=pw, reduction=reduction), x, t, w, pw)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_margin_losses_forward_and_backward_match_cpu(reduction):
+    x = torch.randn(4, 5)
+    target = torch.tensor([[1, 3, -1, 0, 0], [0, -1, 2, 2, 2], [4, 3, 2, 1, 0], [-1, 0, 0, 0, 0]])  # -1 ends a row's labels
+    cases = [
+        (torch.nn.functional.multilabel_margin_loss, (target,), {}),
+        (torch.nn.functional.multi_margin_loss, (torch.tensor([1, 0, 4, 2]),), {"p": 2, "margin": 0.7, "weight": torch.rand(5)}),
+    ]
+    for fn, args, kwargs in cases:
+        xc = x.clone().requires_grad_()
+        xt = x.clone().to(TPU).requires_grad_()
+        want = fn(xc, *args, reduction=reduction, **kwargs)
+        dev_kwargs = {k: v.to(TPU) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        got = fn(xt, *[a.to(TPU) for a in args], reduction=reduction, **dev_kwargs)
+        assert_close(got, want)
+        g = torch.randn(want.shape)
+        want.backward(g)
+        got.backward(g.to(TPU))
+        assert_close(xt.grad, xc.grad)

@@ -169,3 +169,78 @@ def _pdist_backward(grad: torch.Tensor, x: torch.Tensor, p: float, pdist: torch.
     if n < 2 or x.shape[1] == 0:
         return torch.zeros_like(x)
     return _cdist_backward(_condensed_to_square(grad, n), x, x, p, _condensed_to_square(pdist, n))
+
+
+# -- backwards as autograd through the forward's decomposition ------------------------------------
+def _grad_through(forward: Any, inputs: list[torch.Tensor], wanted: list[bool], grad_out: torch.Tensor) -> list[Any]:
+    """The gradients of ``forward(*inputs)`` for the wanted inputs, by running autograd
+    over PyTorch's decomposition of the forward inside the trace (the traced graph then
+    holds the backward's plain ops). None for the inputs not wanted."""
+    _, vjp = torch.func.vjp(forward, *inputs)  # a functorch transform: the trace is one too
+    grads = vjp(grad_out)
+    return [g if w else None for g, w in zip(grads, wanted)]
+
+
+@register_own(aten.grid_sampler_2d_backward.default)
+def _grid_sampler_2d_backward(
+    grad: torch.Tensor, x: torch.Tensor, grid: torch.Tensor, mode: int, padding: int, align_corners: bool, mask: list[bool]
+) -> tuple[Any, Any]:
+    from torch._decomp.decompositions import grid_sampler_2d
+
+    gx, gg = _grad_through(lambda a, g: grid_sampler_2d(a, g, mode, padding, align_corners), [x, grid], list(mask), grad)
+    return gx, gg if gg is not None else torch.zeros_like(grid)
+
+
+@register_own(aten.multi_margin_loss_backward.default)
+def _multi_margin_loss_backward(
+    grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, p: Any, margin: Any, weight: Any = None, reduction: int = 1
+) -> torch.Tensor:
+    from torch._decomp import decomposition_table
+
+    forward = decomposition_table[aten.multi_margin_loss.default]
+    (gx,) = _grad_through(lambda a: forward(a, target, p, margin, weight, reduction), [x], [True], grad)
+    return gx
+
+
+@register_own(aten.multilabel_margin_loss_forward.default)
+def _multilabel_margin_loss_forward(x: torch.Tensor, target: torch.Tensor, reduction: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's decomposition, with the fix it lacks: the target slots after the first -1
+    must not count (it gathers input[0] for them and adds their hinge terms, so any row
+    shorter than ``dim`` targets gives a wrong loss)."""
+    shape = target.shape
+    x2, t2 = torch.atleast_2d(x), torch.atleast_2d(target)
+    dim = x2.shape[1]
+    idx = torch.arange(dim, device=t2.device)
+    end = torch.amin(torch.where(t2 == -1, idx, dim), dim=-1, keepdim=True)
+    valid = idx < end  # (N, dim): the target slots that count
+    u = torch.gather(x2, -1, torch.where(valid, t2, 0))  # input at each target
+    is_target = torch.any(idx == torch.where(valid, t2, -1).unsqueeze(-1), dim=1)  # (N, dim)
+    z = (1.0 - u.T.unsqueeze(-1) + x2).clamp_min(0) / dim  # (slot, N, class)
+    z = torch.where(is_target | ~valid.T.unsqueeze(-1), 0, z)
+    if reduction == 1:
+        loss = z.sum(dim=(0, -1)).mean()
+    elif reduction == 2:
+        loss = z.sum()
+    else:
+        loss = z.sum(dim=(0, -1))
+        if x.dim() < 2:
+            loss = loss.reshape(())
+    return loss, is_target.to(x.dtype).reshape(shape)
+
+
+@register_own(aten.multilabel_margin_loss_backward.default)
+def _multilabel_margin_loss_backward(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, reduction: int, is_target: torch.Tensor) -> torch.Tensor:
+    (gx,) = _grad_through(lambda a: _multilabel_margin_loss_forward(a, target, reduction)[0], [x], [True], grad)
+    return gx
+
+
+def _same_shape_meta(grad: torch.Tensor, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+# PyTorch has no Meta kernel for these backwards; the eager path needs one for the output's
+# shape (the gradient has the input's shape). Registered only where missing.
+_META = torch.library.Library("aten", "IMPL")
+for _name in ("multi_margin_loss_backward", "multilabel_margin_loss_backward"):
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_name}", "Meta"):
+        _META.impl(_name, _same_shape_meta, "Meta")
