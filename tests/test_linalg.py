@@ -303,3 +303,14 @@ def test_ldl_raises_clearly():
     a = _spd(torch.randn(4, 4)).to(TPU)
     with pytest.raises(NotImplementedError, match="ldl_factor"):
         torch.linalg.ldl_factor(a)
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0), (2, 0, 3)])
+@pytest.mark.parametrize("full", [False, True])
+def test_svd_of_empty_matrices_matches_cpu(shape, full):
+    # LAPACK's gesdd rejects an empty matrix (it used to fail with std::bad_alloc)
+    x = torch.randn(*shape)
+    got = torch.linalg.svd(x.to(TPU), full_matrices=full)
+    want = torch.linalg.svd(x, full_matrices=full)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and torch.equal(g.cpu(), w)

@@ -160,6 +160,9 @@ def gesdd(L: NodeLowering, a: Value, full: bool, compute_uv: bool) -> tuple[Valu
     mode = "A" if full and compute_uv else ("S" if compute_uv else "N")
     u_shape = batch + ((m, m) if mode == "A" else (m, k))
     vt_shape = batch + ((n, n) if mode == "A" else (k, n))
+    if k == 0:  # LAPACK rejects an empty matrix; the CPU returns identities for the full factors
+        real = part_dtype(a.dtype) if is_complex(a.dtype) else a.dtype
+        return L.zeros(batch + (0,), real), _eye(L, u_shape, a.dtype), _eye(L, vt_shape, a.dtype), L.zeros(batch, torch.int32)
     lay = _matrix_layout(a.rank)
     _, s, u, vt, info = L.b.custom_call(
         _lapack(L, "gesdd", a.dtype),
@@ -171,6 +174,13 @@ def gesdd(L: NodeLowering, a: Value, full: bool, compute_uv: bool) -> tuple[Valu
         aliases={0: 0},
     )
     return s, u, vt, info
+
+
+def _eye(L: NodeLowering, shape: tuple[int, ...], dtype: torch.dtype) -> Value:
+    """Identity matrices of ``shape`` (batch + (r, c)); empty shapes stay empty."""
+    rows = L.b.iota(shape, len(shape) - 2, torch.int64)
+    cols = L.b.iota(shape, len(shape) - 1, torch.int64)
+    return L.to(L.b.compare(rows, cols, "EQ"), dtype)
 
 
 def syevd(L: NodeLowering, a: Value, lower: bool, vectors: bool) -> tuple[Value, Value, Value]:
