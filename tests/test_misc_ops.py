@@ -1,6 +1,10 @@
 """cummax/cummin, mode, histc, index_reduce, hash_tensor, cubic and anti-aliased
 upsampling, shrink and pdist backward, sgn's zero gradient: tpu vs CPU (ties, NaN,
-empty inputs, several dims)."""
+empty inputs, several dims).
+
+The large dtype x shape grids are marked slow (``make test-all``); in ``make test`` these
+ops are still checked by the OpInfo subset (float32 forward and gradients) and by the
+unparametrized cases here."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ def _ints(shape, dtype, lo=-2, hi=3):
 
 
 # -- cummax / cummin ---------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("fn", [torch.cummax, torch.cummin])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool])
 @pytest.mark.parametrize("shape,dim", [((7,), 0), ((4, 9), 1), ((4, 9), -2), ((3, 5, 2), 1), ((0, 3), 0), ((), 0)])
@@ -40,6 +45,7 @@ def test_cummax_grad():
 
 
 # -- mode --------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.float16])
 @pytest.mark.parametrize("shape,dim", [((7,), 0), ((4, 9), 1), ((4, 9), 0), ((3, 5, 2), 1), ((1, 3), 0), ((3, 0), 0), ((), 0), ((16,), 0)])
 @pytest.mark.parametrize("keepdim", [False, True])
@@ -70,6 +76,7 @@ def test_mode_long_row_with_repeats_gives_an_occurrence_of_the_mode():
 
 
 # -- histc -------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(), (5,), (5, 5), (1000,), (0,), (3, 0)])
 @pytest.mark.parametrize("bins,lo,hi", [(100, 0, 0), (7, 0, 0), (3, -10, 10), (10, -3.3, 2.9), (1, 2, 2), (33, 0, 10)])
@@ -98,6 +105,7 @@ def test_histc_bad_range_raises():
 
 
 # -- index_reduce ------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float16])
@@ -116,6 +124,7 @@ def test_index_reduce(reduce, include_self, dtype, shape, dim, n):
 
 
 # -- hash_tensor -------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.uint8, torch.bool, torch.int64])
 @pytest.mark.parametrize("kwargs", [{}, {"dim": 1}, {"dim": [0], "keepdim": True}, {"dim": (0, 1)}])
 def test_hash_tensor(dtype, kwargs):
@@ -124,6 +133,7 @@ def test_hash_tensor(dtype, kwargs):
 
 
 # -- cubic and anti-aliased upsampling (forward and backward) ----------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("mode,antialias", [("bicubic", False), ("bilinear", True), ("bicubic", True)])
 @pytest.mark.parametrize("size,kwargs", [((7, 9), {}), ((3, 4), {}), ((13, 5), {}), (None, {"scale_factor": 1.7}), (None, {"scale_factor": 0.4})])
@@ -159,6 +169,7 @@ def test_shrink_backward(fn):
     assert_close(ga, ge)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p", [0, 1, 1.5, 2, 3, float("inf")])
 @pytest.mark.parametrize("n,m", [(5, 3), (2, 4), (6, 1)])
 def test_pdist_backward(p, n, m):
