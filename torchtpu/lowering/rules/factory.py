@@ -38,7 +38,18 @@ def _fill(L: NodeLowering, value: Any) -> Value:
     return L.full(value, out.shape, out.dtype)
 
 
-@register(aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default, aten.empty_like.default)
+# empty* inside a program (a traced decomposition's scratch buffer) is zeros; eager
+# empty* are runtime kernels (tensor/minimal.py) that allocate without running anything
+@register(
+    aten.zeros.default,
+    aten.zeros_like.default,
+    aten.new_zeros.default,
+    aten.empty_like.default,
+    aten.empty.memory_format,
+    aten.empty_strided.default,
+    aten.new_empty.default,
+    aten.new_empty_strided.default,
+)
 def zeros(L: NodeLowering, *args: Any, **kwargs: Any) -> Value:
     return _fill(L, 0)
 
