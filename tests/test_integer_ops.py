@@ -32,3 +32,13 @@ def test_gcd_broadcasts_and_runs_in_place():
     x = a.to(TPU)
     x.gcd_(b[0].to(TPU))
     assert torch.equal(x.cpu(), a.gcd(b[0]))
+
+
+def test_out_of_range_integer_scalars_wrap_like_the_cpu():
+    x = torch.tensor([0, 1, 255, 7], dtype=torch.uint8)
+    assert (x.to(TPU) == -1).cpu().tolist() == (x == -1).tolist()  # -1 as uint8 is 255
+    y = torch.tensor([5, -3], dtype=torch.int8)
+    assert (y.to(TPU) * 300).cpu().tolist() == (y * 300).tolist()
+    z = torch.zeros(4, dtype=torch.uint8)
+    idx, src = torch.tensor([0, 2]), torch.tensor([3, 4], dtype=torch.uint8)
+    assert z.to(TPU).index_add(0, idx.to(TPU), src.to(TPU)).cpu().tolist() == z.index_add(0, idx, src).tolist()

@@ -64,7 +64,13 @@ def scalar_literal(x: bool | int | float | complex, dtype: torch.dtype) -> str:
         return f"({_float_bits(c.real, part)}, {_float_bits(c.imag, part)})"
     if is_float(dtype):
         return _float_bits(float(x), dtype)
-    return str(int(x))
+    # an integer outside the dtype's range wraps as a C cast would (uint8 -1 -> 255):
+    # StableHLO rejects an out-of-range literal
+    bits = dtype.itemsize * 8
+    v = int(x) & ((1 << bits) - 1)
+    if dtype.is_signed and v >= 1 << (bits - 1):
+        v -= 1 << bits
+    return str(v)
 
 
 class Builder:
