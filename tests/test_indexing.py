@@ -255,3 +255,9 @@ def test_histogram_and_histogramdd_match_cpu():
     assert_close(edges, want_edges)
     pts = torch.randn(30, 2)
     assert_close(torch.histogramdd(pts.to(TPU), bins=[3, 4]).hist, torch.histogramdd(pts, bins=[3, 4]).hist)
+
+
+def test_repeat_interleave_with_tensor_repeats():
+    x, r = torch.randn(4, 3), torch.tensor([1, 0, 3, 2])  # output length sum(r): a host sync
+    assert torch.equal(torch.repeat_interleave(x.to(TPU), r.to(TPU), dim=0).cpu(), torch.repeat_interleave(x, r, dim=0))
+    assert torch.equal(torch.repeat_interleave(r.to(TPU)).cpu(), torch.repeat_interleave(r))

@@ -111,10 +111,11 @@ def _into_out(fn: Any) -> Any:
 
 
 _UNIQUE_OPS = (aten._unique.default, aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default, aten.unique_dim_consecutive.default)
-# bincount's length is data-dependent; the histograms' shapes are not, but their CPU
+# bincount's and repeat_interleave's lengths are data-dependent; the histograms' shapes are not, but their CPU
 # kernels' bin search is what OpInfo compares against (no device rule yet): on the host too
 _HOST_OPS = (
     aten.bincount.default,
+    aten.repeat_interleave.Tensor,  # the indices for repeat_interleave: length sum(repeats)
     aten.histogram.bin_ct,
     aten.histogram.bins_tensor,
     aten._histogramdd_bin_edges.default,
