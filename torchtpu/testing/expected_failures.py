@@ -33,7 +33,7 @@ _MODE = (
     "the gradient lands on the other occurrence)"
 )
 _LINALG = (
-    "LDL (Bunch-Kaufman) has no lowering: jaxlib 0.10.2 registers no LAPACK sytrf/hetrf FFI target "
+    "LDL (Bunch-Kaufman) has no lowering: the XLA CPU runtime (0.10.2) registers no LAPACK sytrf/hetrf FFI target "
     "and no StableHLO algorithm is wired for it; the op raises NotImplementedError (TORCHTPU_CPU_FALLBACK=1 runs it on the host)"
 )
 _MEXP_F32 = (

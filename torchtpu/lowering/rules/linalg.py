@@ -2,7 +2,7 @@
 built from them: cholesky_solve/cholesky_inverse; matrix_exp from matmuls), LAPACK through
 XLA's CPU custom calls for the rest (getrf: LU/solve/inv/det; geqrf+orgqr/ormqr: QR,
 householder products, lstsq's gels; gesdd: SVD, lstsq's gelsd/gelss; syevd/heevd: eigh;
-geev: eig). LDL (sytrf) has no rule: jaxlib registers no sytrf target.
+geev: eig). LDL (sytrf) has no rule: the XLA CPU runtime registers no sytrf target.
 
 The LAPACK calls are XLA's typed-FFI LAPACK handlers (``lapack_sgetrf_ffi`` ...), registered
 with the CPU client by ``runtime/pjrt.py``. They read column-major matrices, which the
