@@ -154,6 +154,14 @@ class NodeLowering:
             out.append(self.broadcast_to(v, shape))
         return out
 
+    def any_true(self, flags: Value) -> Value:
+        """A 0-d bool: is any element of ``flags`` true (a while loop's "keep going" test)."""
+        if not flags.shape:
+            return flags
+        b = self.b
+        (out,) = b.reduce([flags], [b.constant(False, torch.bool)], list(range(flags.rank)), lambda acc, v: [b.binary("or", acc, v)])
+        return out
+
     def zeros(self, shape: Sequence[int], dtype: torch.dtype) -> Value:
         return self.full(0, shape, dtype)
 

@@ -786,11 +786,9 @@ def gcd(L: NodeLowering, x: Any, y: Any) -> Value:
     out = L.out[0]
     x, y = L.promote(x, y, dtype=out.dtype)
     zero = L.zeros(out.shape, out.dtype)
-    dims = list(range(len(out.shape)))
 
     def active(a: Value, c: Value) -> Value:
-        ne = b.compare(a, zero, "NE")
-        return b.reduce([ne], [b.constant(False, torch.bool)], dims, lambda p, q: [b.binary("or", p, q)])[0]
+        return L.any_true(b.compare(a, zero, "NE"))
 
     def step(a: Value, c: Value) -> list[Value]:
         live = b.compare(a, zero, "NE")

@@ -26,7 +26,7 @@ import torch
 from ...stablehlo.builder import Value
 from ..context import NodeLowering
 from ..registry import register
-from .polynomials import Expr, any_true
+from .polynomials import Expr
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -241,7 +241,7 @@ def _masked_loop(
     b, ni = e.b, len(invariants)
 
     def cond(i: Value, run: Value, *rest: Value) -> Value:
-        return b.binary("and", b.compare(i, b.constant(end, I64), "LT"), any_true(e.L, run))
+        return b.binary("and", b.compare(i, b.constant(end, I64), "LT"), e.L.any_true(run))
 
     def body(i: Value, run: Value, *rest: Value) -> list[Value]:
         inv, cur = rest[:ni], rest[ni:]

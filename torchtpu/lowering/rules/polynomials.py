@@ -91,16 +91,6 @@ class Expr:
         return self.b.unary(name, x)
 
 
-def any_true(L: NodeLowering, flags: Value) -> Value:
-    """A 0-d bool: is any element of ``flags`` true (a loop's "keep going" test)."""
-    b = L.b
-    if not flags.shape:
-        return flags
-    dims = list(range(flags.rank))
-    (out,) = b.reduce([flags], [b.constant(False, torch.bool)], dims, lambda acc, v: [b.binary("or", acc, v)])
-    return out
-
-
 def _operands(L: NodeLowering, x: Any, n: Any) -> tuple[Expr, Value, Value]:
     """x in the output dtype, and n converted like the kernel's ``static_cast<int64_t>(n)``
     of the promoted float: truncation toward zero, and NaN, infinities and values out of
@@ -133,7 +123,7 @@ def _recurrence(
         return e.both(going, e.cmp(q, q, "EQ")) if stop_on_nan else going
 
     def cond(k: Value, x: Value, last: Value, p: Value, q: Value) -> Value:
-        return any_true(L, active(k, last, q))
+        return L.any_true(active(k, last, q))
 
     def body(k: Value, x: Value, last: Value, p: Value, q: Value) -> list[Value]:
         on = active(k, last, q)
