@@ -101,3 +101,15 @@ def register_device() -> None:
     from .device.matmul_precision import install_torch_hook
 
     install_torch_hook()
+    from .device import amp
+
+    amp.register()  # torch.autocast("tpu"): CUDA's cast policy, bfloat16 by default
+    from .device import modules
+
+    modules.install()
+    from .device import pinned_memory
+
+    pinned_memory.install()
+    from .integrations import huggingface
+
+    huggingface.install()

@@ -1,0 +1,201 @@
+"""nn.Module.to("tpu") and friends behave as they do for "cuda": Parameter objects keep
+their identity (tied weights stay tied, optimizers built before the move keep working),
+dtype conversions, to_empty and meta-device initialisation, and tpu as default device."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from utils import TPU, assert_close
+
+GRAD_TOL = dict(rtol=1e-3, atol=1e-4)
+
+
+class TiedLM(nn.Module):
+    """An embedding shared with the output projection, as in GPT-2, BERT's MLM head, T5."""
+
+    _tied_weights_keys = ["head.weight"]
+
+    def __init__(self, vocab: int = 11, dim: int = 6) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.emb(ids)))
+
+
+def _loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    logits = model(ids)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
+
+
+def test_tied_weights_stay_tied_and_keep_identity():
+    model = TiedLM()
+    weight = model.emb.weight
+    params_before = list(model.parameters())
+    model.to("tpu")
+    assert model.emb.weight is model.head.weight
+    assert model.emb.weight is weight and weight.device.type == "tpu"
+    assert all(a is b for a, b in zip(params_before, model.parameters()))
+    assert isinstance(weight, nn.Parameter) and weight.requires_grad
+    model.to("cpu")
+    assert model.emb.weight is weight and model.head.weight is weight and weight.device.type == "cpu"
+
+
+def test_tied_model_trains_like_cpu_with_optimizer_built_before_move():
+    cpu_model = TiedLM()
+    tpu_model = copy.deepcopy(cpu_model)
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.5, momentum=0.9)
+    tpu_opt = torch.optim.SGD(tpu_model.parameters(), lr=0.5, momentum=0.9)  # before the move, as users do
+    tpu_model.to("tpu")
+    ids = torch.randint(0, 11, (3, 5))
+    for _ in range(2):
+        for model, opt, x in ((cpu_model, cpu_opt, ids), (tpu_model, tpu_opt, ids.to(TPU))):
+            opt.zero_grad()
+            _loss(model, x).backward()
+            opt.step()
+    # The shared weight's gradient is the sum of both uses; untied copies would each get one.
+    assert_close(tpu_model.emb.weight.grad, cpu_model.emb.weight.grad, **GRAD_TOL)
+    for (name, a), (_, e) in zip(tpu_model.named_parameters(), cpu_model.named_parameters()):
+        assert a.device.type == "tpu", name
+        assert_close(a, e, **GRAD_TOL)
+
+
+def test_gradients_and_hooks_move_with_the_parameters():
+    model = nn.Linear(3, 2)
+    seen = []
+    model.register_forward_hook(lambda m, i, o: seen.append(o.device.type))
+    model.weight.register_hook(lambda g: g * 2)
+    model(torch.randn(4, 3)).sum().backward()
+    cpu_grad = model.weight.grad.clone()
+    weight = model.weight
+    model.to("tpu")
+    assert model.weight is weight and weight.grad.device.type == "tpu"
+    assert_close(weight.grad, cpu_grad)
+    weight.grad = None
+    x = torch.randn(4, 3)
+    model(x.to(TPU)).sum().backward()
+    assert seen == ["cpu", "tpu"]
+    # the tensor hook registered on the CPU still doubles the gradient
+    assert_close(weight.grad, 2 * torch.ones(4, 1).mul(x).sum(0).expand(2, 3))
+
+
+def test_state_dict_round_trip_of_a_tied_model():
+    src = TiedLM().to("tpu")
+    sd = src.state_dict()
+    assert sd["emb.weight"] is not None and sd["head.weight"].data_ptr() == sd["emb.weight"].data_ptr()
+    dst = TiedLM().to("tpu")
+    dst.load_state_dict(sd)
+    assert dst.emb.weight is dst.head.weight
+    assert_close(dst.emb.weight, src.emb.weight)
+    cpu = TiedLM()
+    cpu.load_state_dict({k: v.cpu() for k, v in sd.items()})
+    ids = torch.randint(0, 11, (2, 4))
+    assert_close(dst(ids.to(TPU)), cpu(ids), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "convert,dtype",
+    [
+        (lambda m: m.half(), torch.float16),
+        (lambda m: m.bfloat16(), torch.bfloat16),
+        (lambda m: m.to(torch.float64), torch.float64),
+        (lambda m: m.to("tpu", torch.bfloat16), torch.bfloat16),
+    ],
+)
+def test_dtype_conversions_keep_identity(convert, dtype):
+    model = TiedLM().to("tpu")
+    weight = model.emb.weight
+    reference = weight.detach().cpu().to(dtype)
+    convert(model)
+    assert model.emb.weight is weight and model.head.weight is weight
+    assert weight.dtype == dtype and weight.device.type == "tpu"
+    assert model.norm.weight.dtype == dtype
+    assert torch.equal(weight.detach().cpu(), reference)
+
+
+def test_cpu_to_tpu_with_dtype_in_one_call():
+    model = TiedLM()
+    expected = model.emb.weight.detach().to(torch.bfloat16)
+    model.to(device="tpu", dtype=torch.bfloat16)
+    assert model.emb.weight is model.head.weight
+    assert model.emb.weight.dtype == torch.bfloat16
+    assert torch.equal(model.emb.weight.detach().cpu(), expected)
+
+
+def test_buffers_move_and_batchnorm_trains():
+    cpu = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    tpu = copy.deepcopy(cpu).to("tpu")
+    assert tpu[1].running_mean.device.type == "tpu"
+    x = torch.randn(2, 3, 6, 6)
+    assert_close(tpu(x.to(TPU)), cpu(x), rtol=1e-4, atol=1e-4)
+    assert_close(tpu[1].running_var, cpu[1].running_var, rtol=1e-4, atol=1e-5)
+    assert int(tpu[1].num_batches_tracked) == 1
+
+
+def test_meta_init_then_to_empty_and_load_state_dict():
+    reference = TiedLM()
+    with torch.device("meta"):
+        model = TiedLM()
+    assert model.emb.weight.is_meta
+    model.to_empty(device="tpu")
+    # to_empty allocates per module (as on CUDA); re-tie the way HF's tie_weights does
+    model.head.weight = model.emb.weight
+    model.load_state_dict(reference.state_dict())
+    assert model.emb.weight.device.type == "tpu" and model.head.weight is model.emb.weight
+    ids = torch.randint(0, 11, (2, 3))
+    assert_close(model(ids.to(TPU)), reference(ids), rtol=1e-4, atol=1e-4)
+
+
+def test_to_empty_keeps_shapes_and_dtypes():
+    model = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3)).to(torch.float64)
+    weight = model[0].weight
+    model.to_empty(device="tpu")
+    assert model[0].weight is weight
+    assert weight.device.type == "tpu" and weight.dtype == torch.float64 and weight.shape == (3, 4)
+
+
+def test_default_device_tpu():
+    try:
+        torch.set_default_device("tpu")
+        model = nn.Linear(4, 2)
+        x = torch.randn(3, 4)
+        assert model.weight.device.type == "tpu" and x.device.type == "tpu"
+        out = model(x)
+        assert out.device.type == "tpu"
+        expected = F.linear(x.cpu(), model.weight.detach().cpu(), model.bias.detach().cpu())
+        assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    finally:
+        torch.set_default_device(None)
+    assert torch.empty(1).device.type == "cpu"
+
+
+def test_with_device_context_builds_on_tpu():
+    with torch.device("tpu"):
+        model = TiedLM()
+    assert model.emb.weight.device.type == "tpu" and model.head.weight is model.emb.weight
+
+
+def test_cpu_only_conversions_unchanged():
+    """The identity-keeping path is taken only across tpu: CPU dtype conversions still
+    use PyTorch's own (set_data) path."""
+    model = TiedLM()
+    weight = model.emb.weight
+    model.double()
+    assert model.emb.weight is weight and weight.dtype == torch.float64 and model.head.weight is weight
+
+
+def test_post_accumulate_grad_hooks_survive_the_move():
+    model = nn.Linear(3, 2)
+    calls = []
+    model.weight.register_post_accumulate_grad_hook(lambda p: calls.append(p.grad.device.type))
+    model.to("tpu")
+    model(torch.randn(2, 3, device="tpu")).sum().backward()
+    assert calls == ["tpu"]

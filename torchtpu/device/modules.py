@@ -1,0 +1,138 @@
+"""``nn.Module.to("tpu")`` keeps every Parameter object, as ``.to("cuda")`` does.
+
+``nn.Module._apply`` keeps a Parameter's identity by assigning ``param.data = new`` only
+when ``torch._has_compatible_shallow_copy_type(old, new)`` holds, which PyTorch defines
+for the dense CPU/CUDA/MPS/XPU/HPU/MTIA tensors but not for PrivateUse1. For a move to or
+from tpu it therefore builds a new Parameter per module, which silently unties tied
+weights (an embedding shared with the LM head becomes two tensors that train apart) and
+leaves an optimizer built before the move updating the old CPU tensors.
+
+PyTorch has a supported way to keep identity across any tensor types: ``_apply`` swaps
+the new tensor into the existing Parameter object (``torch.utils.swap_tensors``) when
+``torch.__future__.get_swap_module_params_on_conversion()`` is true. We turn that on for
+exactly the modules whose conversion crosses the tpu boundary, so CPU-only conversions
+keep PyTorch's behaviour unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+_swap_override = threading.local()
+
+
+def _crosses_tpu(old: torch.Tensor, new: torch.Tensor) -> bool:
+    """True when ``_apply`` would replace ``old`` by a new Parameter because of tpu."""
+    if new is old or "tpu" not in (old.device.type, new.device.type):
+        return False
+    return not torch._has_compatible_shallow_copy_type(old, new)
+
+
+class _Precomputed:
+    """``fn`` with this module's parameters already converted: ``_apply`` asks for each
+    parameter once more, and must get the same tensor instead of a second transfer."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], params: list[torch.Tensor]) -> None:
+        self.fn = fn
+        with torch.no_grad():
+            self.done = {id(p): (p, fn(p)) for p in params}
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        hit = self.done.get(id(t))
+        if hit is not None and hit[0] is t:
+            return hit[1]
+        return self.fn(t)
+
+    def crosses_tpu(self) -> bool:
+        return any(_crosses_tpu(old, new) for old, new in self.done.values())
+
+
+def _reattach_hooks(p: torch.Tensor) -> None:
+    """Tensor hooks live in the autograd metadata of the tensor's C++ object, which a swap
+    replaces, while their Python dicts stay on the Parameter: re-register them there (as
+    ``set_data`` on CUDA keeps them)."""
+    if p._backward_hooks:
+        p._backward_hooks = p._backward_hooks
+    post = getattr(p, "_post_accumulate_grad_hooks", None)
+    if post:
+        p._post_accumulate_grad_hooks = post
+
+
+def _swap_requested() -> bool:
+    return getattr(_swap_override, "on", False)
+
+
+@contextlib.contextmanager
+def _swap_params(on: bool) -> Iterator[None]:
+    previous = getattr(_swap_override, "on", False)
+    _swap_override.on = on
+    try:
+        yield
+    finally:
+        _swap_override.on = previous
+
+
+def _install_future_flag_override() -> None:
+    """``_apply`` reads the global future flag; let a thread-local request force it on."""
+    future = torch.__future__
+    original = future.get_swap_module_params_on_conversion
+    if getattr(original, "_torchtpu", False):
+        return
+
+    def get_swap_module_params_on_conversion() -> bool:
+        return _swap_requested() or original()
+
+    get_swap_module_params_on_conversion._torchtpu = True  # type: ignore[attr-defined]
+    get_swap_module_params_on_conversion.__doc__ = original.__doc__
+    future.get_swap_module_params_on_conversion = get_swap_module_params_on_conversion
+
+
+def _install_apply_wrapper() -> None:
+    original_apply = nn.Module._apply
+    if getattr(original_apply, "_torchtpu", False):
+        return
+
+    def _apply(self: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> nn.Module:
+        if recurse:
+            for child in self.children():
+                child._apply(fn)
+        params = [p for p in self._parameters.values() if p is not None]
+        if not params:
+            return original_apply(self, fn, recurse=False)
+        converted = _Precomputed(fn, params)
+        if not converted.crosses_tpu():
+            return original_apply(self, converted, recurse=False)
+        try:
+            with _swap_params(True):
+                original_apply(self, converted, recurse=False)
+        except RuntimeError as e:
+            # swap_tensors refuses a Parameter with weak references or extra C++
+            # references (e.g. saved in a live autograd graph). Finish the move the way
+            # PyTorch does for PrivateUse1 (new Parameter objects) and say what that means.
+            warnings.warn(
+                f"{type(self).__name__}.to(): could not keep the Parameter objects of this module "
+                f"({e.__cause__ or e}); its parameters were replaced by new ones, so weights tied to "
+                "other modules are no longer shared and optimizers built before the move must be rebuilt.",
+                stacklevel=3,
+            )
+            return original_apply(self, converted, recurse=False)
+        for p in self._parameters.values():
+            if p is not None:
+                _reattach_hooks(p)
+        return self
+
+    _apply._torchtpu = True  # type: ignore[attr-defined]
+    _apply.__doc__ = original_apply.__doc__
+    nn.Module._apply = _apply  # type: ignore[method-assign]
+
+
+def install() -> None:
+    """Make ``Module.to``/``to_empty``/``half``… keep Parameter identity across tpu."""
+    _install_future_flag_override()
+    _install_apply_wrapper()
