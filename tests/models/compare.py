@@ -1,0 +1,197 @@
+"""Train a model one step on tpu and on the CPU from the same weights and compare.
+
+A model passes a stage when every compared tensor matches the CPU within the issue's
+tolerances (float32): the eval forward (rtol=atol=1e-4), every parameter's gradient of
+one training backward, and the parameters after one SGD step (rtol 1e-3, atol 1e-4).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+FORWARD_TOL = dict(rtol=1e-4, atol=1e-4)
+GRAD_TOL = dict(rtol=1e-3, atol=1e-4)
+STAGES = ("forward", "backward", "step")
+
+
+@dataclasses.dataclass
+class ModelCase:
+    """One model of the zoo: how to build it (on the CPU) and its inputs."""
+
+    name: str
+    family: str
+    build: Callable[[str | None], nn.Module]  # attn_implementation (None: the library's default) -> model
+    inputs: Callable[[], dict[str, Any]]  # CPU inputs for forward(**inputs); labels give .loss
+    attn_implementations: tuple[str | None, ...] = (None, "sdpa", "eager")
+    fast: bool = False  # also in `make test`
+
+
+@dataclasses.dataclass
+class StageResult:
+    ok: bool
+    detail: str = ""
+
+
+@dataclasses.dataclass
+class ModelResult:
+    case: str
+    family: str
+    attn: str
+    stages: dict[str, StageResult]
+    unsupported: str = ""  # this attention implementation does not exist for the model
+
+    @property
+    def passed(self) -> bool:
+        return not self.unsupported and all(s.ok for s in self.stages.values())
+
+    def failure(self) -> str:
+        for stage in STAGES:
+            s = self.stages.get(stage)
+            if s is not None and not s.ok:
+                return f"{stage}: {s.detail}"
+        return ""
+
+
+def _to(x: Any, device: str) -> Any:
+    return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x)
+
+
+def _float_outputs(out: Any) -> list[torch.Tensor]:
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    leaves, _ = tree_flatten(out)
+    return [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _mismatch(actual: torch.Tensor, expected: torch.Tensor, tol: dict[str, float]) -> str | None:
+    """None when close, else a one-line description with the worst error."""
+    a = actual.detach().cpu()
+    e = expected.detach()
+    if a.shape != e.shape or a.dtype != e.dtype:
+        return f"shape/dtype {tuple(a.shape)} {a.dtype} vs CPU {tuple(e.shape)} {e.dtype}"
+    try:
+        torch.testing.assert_close(a, e, equal_nan=True, **tol)
+    except AssertionError:
+        diff = (a.double() - e.double()).abs()
+        diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+        worst = int(diff.argmax())
+        rel = float(diff.flatten()[worst] / e.double().abs().flatten()[worst].clamp_min(1e-30))
+        return f"max abs err {float(diff.max()):.3g} (rel {rel:.3g}) over {int((diff > tol['atol'] + tol['rtol'] * e.double().abs()).sum())}/{e.numel()} elements"
+    return None
+
+
+def _compare_all(pairs: list[tuple[str, torch.Tensor, torch.Tensor]], tol: dict[str, float]) -> StageResult:
+    bad = [(name, m) for name, a, e in pairs if (m := _mismatch(a, e, tol)) is not None]
+    if not bad:
+        return StageResult(True, f"{len(pairs)} tensors")
+    name, msg = bad[0]
+    return StageResult(False, f"{len(bad)}/{len(pairs)} differ; first {name}: {msg}")
+
+
+def _error(e: BaseException) -> StageResult:
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return StageResult(False, f"{type(e).__name__}: {first_line[:300]} ({frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})")
+
+
+def _loss(model: nn.Module, inputs: dict[str, Any], projection: list[torch.Tensor] | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    out = model(**inputs)
+    loss = getattr(out, "loss", None)
+    outs = _float_outputs(out)
+    if loss is None:
+        # no labels: a fixed random projection of every float output, so every output's
+        # gradient path is exercised
+        assert projection is not None
+        loss = sum((o * p.to(o.device)).sum() for o, p in zip(outs, projection))
+    return loss, outs
+
+
+def run_case(case: ModelCase, attn: str | None) -> ModelResult:
+    result = ModelResult(case.name, case.family, attn or "default", {})
+    torch.manual_seed(0)
+    try:
+        cpu_model = case.build(attn).float()
+    except (ValueError, ImportError) as e:
+        message = str(e).lower()
+        if attn is not None and ("attn" in message or "attention" in message):
+            result.unsupported = str(e).splitlines()[0][:200]
+            return result
+        raise
+    torch.manual_seed(1)
+    inputs = case.inputs()
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    tpu_inputs = _to(inputs, "tpu")
+
+    # 1. eval forward
+    cpu_model.eval()
+    tpu_model.eval()
+    try:
+        with torch.no_grad():
+            expected = _float_outputs(cpu_model(**inputs))
+            actual = _float_outputs(tpu_model(**tpu_inputs))
+        if len(expected) != len(actual):
+            result.stages["forward"] = StageResult(False, f"{len(actual)} outputs vs CPU {len(expected)}")
+        else:
+            result.stages["forward"] = _compare_all([(f"output {i}", a, e) for i, (a, e) in enumerate(zip(actual, expected))], FORWARD_TOL)
+    except Exception as e:  # noqa: BLE001 - a model zoo records every failure
+        result.stages["forward"] = _error(e)
+
+    # 2. training backward: every parameter's gradient
+    cpu_model.train()
+    tpu_model.train()
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+    tpu_opt = torch.optim.SGD(tpu_model.parameters(), lr=0.1)
+    try:
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(2)
+            projection = [torch.randn(o.shape, generator=g) / o.numel() for o in _float_outputs(cpu_model(**inputs))]
+        cpu_loss, _ = _loss(cpu_model, inputs, projection)
+        cpu_loss.backward()
+        tpu_loss, _ = _loss(tpu_model, tpu_inputs, projection)
+        tpu_loss.backward()
+        named = list(zip(cpu_model.named_parameters(), tpu_model.parameters()))
+        pairs = [("loss", tpu_loss, cpu_loss)]
+        for (name, p_cpu), p_tpu in named:
+            if p_cpu.grad is None and p_tpu.grad is None:
+                continue
+            if (p_cpu.grad is None) != (p_tpu.grad is None):
+                pairs.append((f"{name}.grad (None on one side)", torch.ones(1), torch.zeros(1)))
+                continue
+            pairs.append((f"{name}.grad", p_tpu.grad, p_cpu.grad))
+        result.stages["backward"] = _compare_all(pairs, GRAD_TOL)
+    except Exception as e:  # noqa: BLE001
+        result.stages["backward"] = _error(e)
+        return result
+
+    # 3. one optimizer step
+    try:
+        cpu_opt.step()
+        tpu_opt.step()
+        pairs = [(name, p_tpu, p_cpu) for (name, p_cpu), p_tpu in zip(cpu_model.named_parameters(), tpu_model.parameters())]
+        result.stages["step"] = _compare_all(pairs, GRAD_TOL)
+    except Exception as e:  # noqa: BLE001
+        result.stages["step"] = _error(e)
+    return result
+
+
+def zero_dropout(config: Any) -> Any:
+    """Training with dropout draws different random numbers on tpu than on the CPU, so
+    every dropout-like probability of a config is set to 0 (stochastic depth and
+    SpecAugment-style masking too)."""
+    for key, value in list(config.to_dict().items()):
+        lowered = key.lower()
+        if isinstance(value, float) and ("drop" in lowered or lowered in ("mask_time_prob", "mask_feature_prob")):
+            setattr(config, key, 0.0)
+    for sub in ("text_config", "vision_config", "audio_config", "encoder", "decoder"):
+        child = getattr(config, sub, None)
+        if child is not None and hasattr(child, "to_dict"):
+            zero_dropout(child)
+    return config

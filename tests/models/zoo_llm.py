@@ -1,0 +1,1 @@
+"""Zoo cases (filled by its family owner)."""

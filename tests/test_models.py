@@ -1,0 +1,33 @@
+"""The model zoo against the CPU: eval forward, every parameter's gradient and one SGD
+step (tests/models/compare.py). ``make test`` runs the cases marked fast with the
+library's default attention; ``make test-models`` runs every case and attention
+implementation and writes docs/models.md (tests/models/report.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from models.compare import run_case  # noqa: E402
+from models.expected import EXPECTED_FAILURES  # noqa: E402
+from models.zoo import CASES  # noqa: E402
+
+
+def _params():
+    for case in CASES:
+        for attn in case.attn_implementations:
+            marks = [] if case.fast and attn is None else [pytest.mark.slow]
+            yield pytest.param(case, attn, id=f"{case.name}-{attn or 'default'}", marks=marks)
+
+
+@pytest.mark.parametrize("case,attn", list(_params()))
+def test_model_matches_cpu(case, attn):
+    result = run_case(case, attn)
+    if result.unsupported:
+        pytest.skip(f"{attn} attention is not available for {case.name}: {result.unsupported}")
+    reason = EXPECTED_FAILURES.get((case.name, attn or "default")) or EXPECTED_FAILURES.get((case.name, "*"))
+    if reason is not None:
+        assert not result.passed, f"{case.name} now passes; remove its expected failure ({reason})"
+        pytest.xfail(reason)
+    assert result.passed, result.failure()
