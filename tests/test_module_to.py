@@ -199,3 +199,25 @@ def test_post_accumulate_grad_hooks_survive_the_move():
     model.to("tpu")
     model(torch.randn(2, 3, device="tpu")).sum().backward()
     assert calls == ["tpu"]
+
+
+def test_parameter_with_weak_reference_moves_with_a_warning():
+    """swap_tensors refuses a tensor with weak references; the move still happens (as
+    PyTorch does for PrivateUse1, new Parameter objects) and the user is told what that means."""
+    import weakref
+
+    model = nn.Linear(3, 2)
+    ref = weakref.ref(model.weight)
+    with pytest.warns(UserWarning, match="tied to other modules are no longer shared"):
+        model.to("tpu")
+    assert model.weight is not ref() and model.weight.device.type == "tpu" and model.bias.device.type == "tpu"
+
+
+def test_hugging_face_tied_lm_head():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    model.to("tpu")
+    assert model.lm_head.weight is model.transformer.wte.weight and model.lm_head.weight.device.type == "tpu"
+    assert len({id(p) for p in model.parameters()}) == len(list(model.parameters()))
