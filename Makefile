@@ -4,11 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchtpu-installed
 
-.PHONY: demo test test-all test-ops bench lint clean
+.PHONY: demo test test-all test-ops test-models bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,hf]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -32,6 +32,11 @@ test-ops: $(STAMP)
 	$(PY) -m torchtpu.testing.shards 8; rc2=$$?; \
 	$(PY) -m torchtpu.coverage --from build/opinfo-full.json --markdown build/coverage.md > /dev/null || true; \
 	if [ $$rc1 -ne 0 ]; then exit $$rc1; fi; exit $$rc2
+
+# Every model of the zoo (tests/models) against the CPU, every attention implementation:
+# prints the pass table and writes it to docs/models.md; fails on an unexpected result.
+test-models: $(STAMP)
+	cd tests && $(abspath $(PY)) models/report.py --markdown ../docs/models.md
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_eager.py
