@@ -35,3 +35,24 @@ def test_addcmul_addcdiv_round_once_like_the_cpu(op, dtype):
     expected = op(x, t1, t2, value=0.37)
     actual = op(x.to(TPU), t1.to(TPU), t2.to(TPU), value=0.37).cpu()
     assert torch.equal(actual, expected)
+
+
+UINT8_RESAMPLING = [
+    ("bilinear", {}),
+    ("bilinear", {"align_corners": True}),
+    ("bicubic", {}),
+    ("bilinear", {"antialias": True}),
+    ("bicubic", {"antialias": True}),
+]
+
+
+@pytest.mark.parametrize("mode,kwargs", UINT8_RESAMPLING, ids=lambda v: str(v))
+@pytest.mark.parametrize("size", [(7, 7), (45, 51)])
+def test_uint8_interpolate_matches_the_cpu_exactly(mode, kwargs, size):
+    """uint8 images were all zeros (weights built in uint8 truncated to 0; CPU mean
+    125.6). The CPU resamples uint8 one dim at a time with int16 fixed-point weights."""
+    x = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    expected = torch.nn.functional.interpolate(x, size=size, mode=mode, **kwargs)
+    actual = torch.nn.functional.interpolate(x.to(TPU), size=size, mode=mode, **kwargs).cpu()
+    assert actual.float().mean() > 50
+    assert torch.equal(actual, expected)

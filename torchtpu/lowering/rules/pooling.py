@@ -282,6 +282,8 @@ register(aten.avg_pool3d_backward.default)(_avg_pool_backward_rule(3))
 def _apply_matrices(L: NodeLowering, x: Value, mats: Sequence[np.ndarray | None], nsp: int, out_dtype: torch.dtype) -> Value:
     """For each spatial dim i, contract it with ``mats[i]`` (shape ``[new, old]``); None
     keeps the dim. Computes in f32 for 16-bit inputs."""
+    if not x.dtype.is_floating_point:
+        return _apply_matrices_integer(L, x, mats, nsp, out_dtype)
     acc = _acc(x.dtype)
     y = L.to(x, acc)
     lead = x.rank - nsp
@@ -293,6 +295,42 @@ def _apply_matrices(L: NodeLowering, x: Value, mats: Sequence[np.ndarray | None]
             continue
         c = L.b.constant_array(m, acc)
         y = L.b.dot_general(y, c, [lead], [1], out_dtype=acc, precision="HIGHEST")
+    return L.to(y, out_dtype)
+
+
+def _int16_weights(m: np.ndarray) -> tuple[np.ndarray, int]:
+    """The CPU's uint8 resampling weights: fixed point in int16 with as many fractional
+    bits as the largest weight allows (_compute_index_ranges_int16_weights)."""
+    w_max = float(np.abs(m).max())
+    precision = 0
+    while precision < 22 and int(0.5 + w_max * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    scaled = m * (1 << precision)
+    return np.trunc(np.where(m < 0, scaled - 0.5, scaled + 0.5)).astype(np.int32), precision
+
+
+def _apply_matrices_integer(L: NodeLowering, x: Value, mats: Sequence[np.ndarray | None], nsp: int, out_dtype: torch.dtype) -> Value:
+    """uint8 resampling as the CPU's separable kernel does it: one dim at a time, the
+    last (horizontal) dim first, each pass an exact integer sum with int16 fixed-point
+    weights, rounded half up and clamped to the dtype's range before the next pass."""
+    b = L.b
+    info = torch.iinfo(x.dtype)
+    lead = x.rank - nsp
+    y = x
+    for d in reversed(range(nsp)):
+        m = mats[d]
+        if m is None or (m.shape[0] == m.shape[1] and np.array_equal(m, np.eye(m.shape[0]))):
+            continue
+        weights, precision = _int16_weights(m)
+        axis = lead + d
+        acc = b.dot_general(L.to(y, torch.int32), b.constant_array(weights, torch.int32), [axis], [1], out_dtype=torch.int32)
+        # the contracted dim comes back last: move it home
+        acc = b.transpose(acc, list(range(axis)) + [acc.rank - 1] + list(range(axis, acc.rank - 1)))
+        if precision:
+            half = L.full(1 << (precision - 1), acc.shape, torch.int32)
+            acc = b.binary("shift_right_arithmetic", b.binary("add", acc, half), L.full(precision, acc.shape, torch.int32))
+        low, high = L.full(info.min, acc.shape, torch.int32), L.full(info.max, acc.shape, torch.int32)
+        y = L.to(b.binary("minimum", b.binary("maximum", acc, low), high), x.dtype)
     return L.to(y, out_dtype)
 
 
@@ -592,7 +630,8 @@ def _upsample_mats(
     # float64, else float); its forward cubic kernel stores them in the input's dtype
     # (16-bit inputs: rounded; matches the CPU bit for bit), the linear and backward
     # kernels keep them in opmath
-    ft = np.float64 if dtype is torch.float64 else np.float32
+    # (uint8 resampling computes its fixed-point weights from double-precision ones)
+    ft = np.float64 if dtype is torch.float64 or not dtype.is_floating_point else np.float32
     rnd = float if backward else _weight_rounding(dtype)
     mats = []
     for i in range(len(n)):
