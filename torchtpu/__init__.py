@@ -39,6 +39,9 @@ def _autoload() -> None:
         from .distributed import register_backend
 
         register_backend()
+        from .op_report import enable_from_env
+
+        enable_from_env()  # TORCHTPU_OP_REPORT=1
         _loaded = True
 
 

@@ -40,6 +40,11 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar("TORCHTPU_DUMP_DIR", "", "Directory to write each compiled program's StableHLO (and its FX graph) to."),
         EnvVar("TORCHTPU_DEFER_AND_FUSE", "0", "1: start in DeferAndFuse eager mode (record ops, run fused programs)."),
         EnvVar("TORCHTPU_LAUNCH_BLOCKING", "0", "1: run every op synchronously; errors name the op and source line."),
+        EnvVar(
+            "TORCHTPU_OP_REPORT",
+            "0",
+            "1: record how every op ran (lowered, decomposed, missing, host sync) and print the report at exit.",
+        ),
     ]
 }
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .. import config, metrics
+from .. import config, metrics, op_report
 from ..device.matmul_precision import current as current_precision
 from ..errors import TpuError, TpuRuntimeError
 from ..lowering import registry
@@ -194,9 +194,12 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         from . import deferred
 
         try:
-            return deferred.record(plan, values, call, key)
+            out = deferred.record(plan, values, call, key)
         except NotImplementedError:
             return _cpu_fallback_or_raise(op, args, kwargs)
+        if op_report.recorder is not None:
+            _report(plan)
+        return out
     prog = _CACHE.get(key)
     if prog is None:
         try:
@@ -206,6 +209,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         _CACHE[key] = prog
     else:
         metrics.add("cache_hits")
+    if op_report.recorder is not None:
+        _report(plan)
     inputs = [c.buf for c in call.cells if c.initialized]
     inputs.extend(call.scalars)
     if plan.random:
@@ -228,8 +233,16 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     return wrap_outputs(plan, values, prog.outputs, prog.out_tree, outs)
 
 
+def _report(plan: OpPlan) -> None:
+    """Tell the op report whether this op ran through its own rule or a decomposition."""
+    lowered = plan.functional in registry.RULES
+    op_report.recorder.record(op_report.LOWERED if lowered else op_report.DECOMPOSED, plan.name)
+
+
 def _cpu_fallback_or_raise(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     if not config.flag("TORCHTPU_CPU_FALLBACK"):
+        if op_report.recorder is not None:
+            op_report.recorder.record(op_report.MISSING, op.name(), "raised NotImplementedError")
         raise  # noqa: PLE0704 - re-raise the NotImplementedError being handled
     from .fallback import run_on_cpu
 

@@ -8,14 +8,12 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from .. import metrics
+from .. import metrics, op_report
 
 _warned: set[str] = set()
 
 
 def run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
-    from ..tensor.minimal import from_cpu, to_cpu
-
     name = op.name() if hasattr(op, "name") else str(op)
     if name not in _warned:
         _warned.add(name)
@@ -25,6 +23,16 @@ def run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
             stacklevel=3,
         )
     metrics.add("cpu_fallbacks")
+    if op_report.recorder is None:
+        return _run_on_cpu(op, args, kwargs)
+    op_report.recorder.record(op_report.MISSING, name, "ran on the CPU")
+    with op_report.recorder.quiet():  # its host copies are part of the fallback
+        return _run_on_cpu(op, args, kwargs)
+
+
+def _run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
+    from ..tensor.minimal import from_cpu, to_cpu
+
     originals: dict[int, torch.Tensor] = {}
 
     def down(x: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .. import config
+from .. import config, op_report
 from ..errors import not_implemented
 
 _libs: list[torch.library.Library] = []
@@ -39,7 +39,10 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
         from .fallback import run_on_cpu
 
         return run_on_cpu(op, args, kwargs)
-    raise not_implemented(op.name() if hasattr(op, "name") else str(op))
+    name = op.name() if hasattr(op, "name") else str(op)
+    if op_report.recorder is not None:
+        op_report.recorder.record(op_report.MISSING, name, "raised NotImplementedError")
+    raise not_implemented(name)
 
 
 def register_runtime_kernels() -> None:

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from .. import op_report
+
 aten = torch.ops.aten
 
 _MASK_DTYPES = (torch.bool, torch.uint8)
@@ -28,7 +30,14 @@ def _run(op: Any, args: tuple, kwargs: dict | None = None) -> Any:
 def nonzero(x: torch.Tensor) -> torch.Tensor:
     from .minimal import from_cpu, to_cpu
 
-    return from_cpu(torch.nonzero(to_cpu(x)))
+    _report_sync(aten.nonzero.default)
+    with op_report.quiet():
+        return from_cpu(torch.nonzero(to_cpu(x)))
+
+
+def _report_sync(op: Any) -> None:
+    if op_report.recorder is not None:
+        op_report.recorder.record(op_report.HOST_SYNC, f"{op.name()} (data-dependent shape)")
 
 
 def _is_mask(i: Any) -> bool:
@@ -52,8 +61,16 @@ def _expand_masks(x: torch.Tensor, indices: list[Any]) -> list[Any]:
     return out
 
 
+def _on_device(indices: Any) -> list[Any]:
+    """Index tensors may live on the CPU, as for CUDA tensors ("indices should be either on
+    cpu or on the same device as the indexed tensor"): move them to the device."""
+    from .storage import DEVICE
+
+    return [i.to(DEVICE) if isinstance(i, torch.Tensor) and i.device.type == "cpu" else i for i in indices]
+
+
 def index(x: torch.Tensor, indices: list[Any]) -> torch.Tensor:
-    indices = list(indices)
+    indices = _on_device(indices)
     if any(_is_mask(i) for i in indices):
         indices = _expand_masks(x, indices)
     return _run(aten.index.Tensor, (x, indices))
@@ -67,7 +84,7 @@ def _static_mask(indices: list[Any]) -> bool:
 
 def _index_put_kernel(op: Any) -> Any:
     def kernel(x: torch.Tensor, indices: list[Any], values: torch.Tensor, accumulate: bool = False, *rest: Any, **kwargs: Any) -> torch.Tensor:
-        indices = list(indices)
+        indices = _on_device(indices)
         if any(_is_mask(i) for i in indices) and not _static_mask(indices):
             indices = _expand_masks(x, indices)
         return _run(op, (x, indices, values, accumulate, *rest), kwargs)
@@ -91,7 +108,9 @@ def _on_host(op: Any) -> Any:
         from .minimal import from_cpu, to_cpu
 
         host = lambda t: to_cpu(t) if isinstance(t, torch.Tensor) and t.device.type == "tpu" else t  # noqa: E731
-        out = op(*tree_map(host, args), **tree_map(host, kwargs))
+        _report_sync(op)
+        with op_report.quiet():
+            out = op(*tree_map(host, args), **tree_map(host, kwargs))
         return tree_map(lambda t: from_cpu(t) if isinstance(t, torch.Tensor) else t, out)
 
     kernel.__name__ = f"tpu_host_{op.name()}"

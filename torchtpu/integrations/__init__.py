@@ -1,0 +1,1 @@
+"""Bridges to libraries that choose a device themselves (Hugging Face accelerate)."""
