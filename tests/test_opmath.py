@@ -56,3 +56,54 @@ def test_uint8_interpolate_matches_the_cpu_exactly(mode, kwargs, size):
     actual = torch.nn.functional.interpolate(x.to(TPU), size=size, mode=mode, **kwargs).cpu()
     assert actual.float().mean() > 50
     assert torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_zeta_poles_are_inf(dtype):
+    """zeta(x, q) for q a non-positive integer is +inf on the CPU (chlo.zeta gave NaN)."""
+    x = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.5], dtype=dtype).repeat_interleave(8)
+    q = torch.tensor([-3.0, -2.5, -1.0, 0.0, 0.5, 1.0, 2.5, -0.0], dtype=dtype).repeat(6)
+    expected = torch.special.zeta(x, q)
+    actual = torch.special.zeta(x.to(TPU), q.to(TPU)).cpu()
+    torch.testing.assert_close(actual, expected, equal_nan=True)
+    assert torch.special.zeta(torch.tensor(3.0, device=TPU), torch.tensor(-1.0, device=TPU)).item() == float("inf")
+
+
+def test_native_batch_norm_legit_out_fills_every_output():
+    """The out= form mutates running_mean/var and fills out/save_mean/save_invstd; the
+    results went to the wrong tensors (ValueError: cannot broadcast (5, 5, 5) to (5,))."""
+    x, w, b = torch.randn(5, 5, 5), torch.randn(5), torch.randn(5)
+    results = {}
+    for device in ("cpu", TPU):
+        rm, rv = torch.zeros(5, device=device), torch.ones(5, device=device)
+        outs = [torch.empty(0, device=device) for _ in range(3)]
+        torch.ops.aten._native_batch_norm_legit.out(
+            x.to(device), w.to(device), b.to(device), rm, rv, True, 0.1, 1e-5, out=outs[0], save_mean=outs[1], save_invstd=outs[2]
+        )
+        results[str(device)] = [t.cpu() for t in (*outs, rm, rv)]
+    for actual, expected in zip(results["tpu"], results["cpu"]):
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_bf16_accumulates_in_float32(mode):
+    """bf16 embedding_bag with per_sample_weights gave 0.75 where the CPU (float32
+    accumulation) gives 0.8867 and float64 0.8876."""
+    weight = torch.randn(10, 4).bfloat16()
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    offsets = torch.tensor([0, 4])
+    psw = torch.rand(8).bfloat16() if mode == "sum" else None
+    expected = torch.nn.functional.embedding_bag(idx, weight, offsets, mode=mode, per_sample_weights=psw)
+    actual = torch.nn.functional.embedding_bag(
+        idx.to(TPU), weight.to(TPU), offsets.to(TPU), mode=mode, per_sample_weights=None if psw is None else psw.to(TPU)
+    ).cpu()
+    assert torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_linear_adds_the_bias_before_rounding(dtype):
+    """16-bit F.linear/addmm add the bias to the float32 product and round once (the
+    bias added after rounding the matmul was ~2x farther from float64)."""
+    x, w, b = torch.randn(16, 64).to(dtype), torch.randn(32, 64).to(dtype), torch.randn(32).to(dtype)
+    assert torch.equal(torch.nn.functional.linear(x.to(TPU), w.to(TPU), b.to(TPU)).cpu(), torch.nn.functional.linear(x, w, b))
+    assert torch.equal(torch.addmm(b.to(TPU), x.to(TPU), w.t().to(TPU), beta=0.5, alpha=2.0).cpu(), torch.addmm(b, x, w.t(), beta=0.5, alpha=2.0))

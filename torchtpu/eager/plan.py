@@ -90,8 +90,13 @@ class OpPlan:
         self.kwarg_only = [a.kwarg_only for a in args]
         self.defaults = [a.default_value if a.has_default_value() else _MISSING for a in args]
         self.kinds = [_kind(a.type) for a in args]
-        self.mutable = [i for i, a in enumerate(args) if _is_write(a)]
-        self.out_positions = [i for i in self.mutable if args[i].kwarg_only]
+        writes = [i for i, a in enumerate(args) if _is_write(a)]
+        self.out_positions = [i for i in writes if args[i].kwarg_only]
+        # The functional variant returns its results (which the out= tensors receive) before
+        # the other mutated arguments: _native_batch_norm_legit.out(..., running_mean,
+        # running_var, out=, save_mean=, save_invstd=) -> _functional's (out, save_mean,
+        # save_invstd, new_running_mean, new_running_var).
+        self.mutable = self.out_positions + [i for i in writes if not args[i].kwarg_only]
         functional = functional_variant(op)
         if functional is None:
             raise NotImplementedError(f"torchtpu: no functional variant found for {self.name}")

@@ -590,7 +590,17 @@ def nextafter(L: NodeLowering, x: Any, y: Any) -> Value:
 
 @register(aten.special_zeta.default, prims.zeta.default)
 def zeta(L: NodeLowering, x: Any, q: Any) -> Value:
-    return _f32_compute(L, "chlo.zeta", x, q)
+    """chlo.zeta, with the CPU's value at the poles: q a non-positive integer (and x > 1)
+    gives +inf, where chlo.zeta gives NaN."""
+    out = L.out[0].dtype
+    work = _opmath(out)
+    x, q = L.promote(x, q, dtype=work)
+    b = L.b
+    value = b.op1("chlo.zeta", [x, q], x.shape, work)
+    zero = L.zeros(q.shape, work)
+    pole = b.binary("and", b.compare(q, zero, "LE"), b.compare(q, b.unary("floor", q), "EQ"))
+    pole = b.binary("and", pole, b.compare(x, L.full(1, x.shape, work), "GT"))
+    return L.to(b.select(pole, L.full(float("inf"), x.shape, work), value), out)
 
 
 @register(aten.digamma.default, aten.special_digamma.default)

@@ -17,10 +17,15 @@ _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def dot(L: NodeLowering, lhs: Value, rhs: Value, lc: list[int], rc: list[int], lb: list[int] = (), rb: list[int] = ()) -> Value:
-    """dot_general with the program's precision. 16-bit inputs accumulate in f32 and
-    convert after (XLA CPU's bf16-result dot is 2x slower, and f32 accumulation is what
-    PyTorch does)."""
+    """dot_general with the program's precision, in the output dtype."""
     out = L.out[0].dtype if L.out and L.out[0] is not None else lhs.dtype
+    return L.to(dot_acc(L, lhs, rhs, lc, rc, lb, rb), out)
+
+
+def dot_acc(L: NodeLowering, lhs: Value, rhs: Value, lc: list[int], rc: list[int], lb: list[int] = (), rb: list[int] = ()) -> Value:
+    """dot_general with the program's precision, left in its accumulation dtype: 16-bit
+    inputs accumulate in f32 (XLA CPU's bf16-result dot is 2x slower, and f32
+    accumulation is what PyTorch does), so that a bias can be added before rounding."""
     if lhs.dtype != rhs.dtype:
         common = torch.promote_types(lhs.dtype, rhs.dtype)
         lhs, rhs = L.to(lhs, common), L.to(rhs, common)
@@ -28,9 +33,8 @@ def dot(L: NodeLowering, lhs: Value, rhs: Value, lc: list[int], rc: list[int], l
     if lhs.dtype is torch.bool:
         lhs, rhs, acc = L.to(lhs, torch.int32), L.to(rhs, torch.int32), torch.int32
     if lb and acc != lhs.dtype and all(lhs.shape[d] == 1 for d in lb):
-        return L.to(_dot_without_unit_batch(L, lhs, rhs, lc, rc, lb, rb, acc), out)
-    r = L.b.dot_general(lhs, rhs, lc, rc, lb, rb, out_dtype=acc, precision=L.ctx.precision)
-    return L.to(r, out)
+        return _dot_without_unit_batch(L, lhs, rhs, lc, rc, lb, rb, acc)
+    return L.b.dot_general(lhs, rhs, lc, rc, lb, rb, out_dtype=acc, precision=L.ctx.precision)
 
 
 def _dot_without_unit_batch(L: NodeLowering, lhs: Value, rhs: Value, lc: list[int], rc: list[int], lb: list[int], rb: list[int], acc: torch.dtype) -> Value:
@@ -51,16 +55,19 @@ def _dot_without_unit_batch(L: NodeLowering, lhs: Value, rhs: Value, lc: list[in
 
 
 def _beta_alpha(L: NodeLowering, base: Value | None, prod: Value, beta: Any, alpha: Any) -> Value:
+    """beta * base + alpha * prod, computed in the product's accumulation dtype and
+    rounded once to the output dtype, as the CPU's BLAS does for 16-bit addmm/linear
+    (adding a bf16 bias after rounding the product was ~2x farther from float64)."""
     b = L.b
     out = L.out[0]
     if alpha is not None and (isinstance(alpha, Value) or alpha != 1):
         prod = b.binary("multiply", prod, L.full(alpha, prod.shape, prod.dtype))
     if base is None or (not isinstance(beta, Value) and beta == 0):
-        return prod
-    base = L.broadcast_to(L.to(base, out.dtype), out.shape)
+        return L.to(prod, out.dtype)
+    base = L.broadcast_to(L.to(base, prod.dtype), out.shape)
     if isinstance(beta, Value) or beta != 1:
         base = b.binary("multiply", base, L.full(beta, base.shape, base.dtype))
-    return b.binary("add", base, prod)
+    return L.to(b.binary("add", base, prod), out.dtype)
 
 
 @register(aten.mm.default)
@@ -75,18 +82,18 @@ def bmm(L: NodeLowering, a: Value, b: Value) -> Value:
 
 @register(aten.addmm.default)
 def addmm(L: NodeLowering, x: Value, a: Value, b: Value, beta: Any = 1, alpha: Any = 1) -> Value:
-    return _beta_alpha(L, x, dot(L, a, b, [1], [0]), beta, alpha)
+    return _beta_alpha(L, x, dot_acc(L, a, b, [1], [0]), beta, alpha)
 
 
 @register(aten.baddbmm.default)
 def baddbmm(L: NodeLowering, x: Value, a: Value, b: Value, beta: Any = 1, alpha: Any = 1) -> Value:
-    return _beta_alpha(L, x, dot(L, a, b, [2], [1], [0], [0]), beta, alpha)
+    return _beta_alpha(L, x, dot_acc(L, a, b, [2], [1], [0], [0]), beta, alpha)
 
 
 @register(aten.addbmm.default)
 def addbmm(L: NodeLowering, x: Value, a: Value, b: Value, beta: Any = 1, alpha: Any = 1) -> Value:
     # sum over the batch: contract batch and k together
-    return _beta_alpha(L, x, dot(L, a, b, [0, 2], [0, 1]), beta, alpha)
+    return _beta_alpha(L, x, dot_acc(L, a, b, [0, 2], [0, 1]), beta, alpha)
 
 
 @register(aten.mv.default)
@@ -96,7 +103,7 @@ def mv(L: NodeLowering, a: Value, v: Value) -> Value:
 
 @register(aten.addmv.default)
 def addmv(L: NodeLowering, x: Value, a: Value, v: Value, beta: Any = 1, alpha: Any = 1) -> Value:
-    return _beta_alpha(L, x, dot(L, a, v, [1], [0]), beta, alpha)
+    return _beta_alpha(L, x, dot_acc(L, a, v, [1], [0]), beta, alpha)
 
 
 @register(aten.dot.default, aten.vdot.default)
@@ -110,7 +117,7 @@ def vector_dot(L: NodeLowering, a: Value, b: Value) -> Value:
 
 @register(aten.addr.default)
 def addr(L: NodeLowering, x: Value, v1: Value, v2: Value, beta: Any = 1, alpha: Any = 1) -> Value:
-    return _beta_alpha(L, x, dot(L, L.b.reshape(v1, (v1.shape[0], 1)), L.b.reshape(v2, (1, v2.shape[0])), [1], [0]), beta, alpha)
+    return _beta_alpha(L, x, dot_acc(L, L.b.reshape(v1, (v1.shape[0], 1)), L.b.reshape(v2, (1, v2.shape[0])), [1], [0]), beta, alpha)
 
 
 # -- linear without the reshape -------------------------------------------------------------
@@ -163,7 +170,7 @@ CONTRACT_LEADING = torch.ops.torchtpu.contract_leading.default
 
 @register(LINEAR_ND)
 def linear_nd(L: NodeLowering, x: Value, weight: Value, bias: Value | None = None) -> Value:
-    return _beta_alpha(L, bias, dot(L, x, weight, [x.rank - 1], [1]), 1, 1)
+    return _beta_alpha(L, bias, dot_acc(L, x, weight, [x.rank - 1], [1]), 1, 1)
 
 
 @register(CONTRACT_LEADING)
