@@ -40,6 +40,24 @@ SDPA_CASES = {
     "float_mask": (dict(mask="float"), (2, 2, 5, 4), (2, 2, 7, 4)),
     "3d": (dict(), (4, 5, 8), (4, 6, 8)),
     "gqa": (dict(enable_gqa=True), (2, 4, 5, 8), (2, 2, 6, 8)),
+    # broadcasting, as the math backend's matmuls do (gradients summed over the broadcast)
+    "mqa": (dict(), (2, 4, 5, 8), (2, 1, 6, 8)),  # Falcon: one key/value head
+    "mqa_causal_gqa": (dict(is_causal=True, enable_gqa=True), (2, 4, 5, 8), (2, 1, 5, 8)),
+    "mqa_key_only": (dict(v_shape=(2, 4, 6, 6)), (2, 4, 5, 8), (2, 1, 6, 8)),
+    "gqa_mixed_kv_heads": (dict(enable_gqa=True, v_shape=(2, 1, 6, 6)), (2, 4, 5, 8), (2, 2, 6, 8)),
+    "kv_batch_1": (dict(), (3, 2, 5, 8), (1, 2, 6, 8)),
+    "q_batch_1": (dict(), (1, 2, 5, 8), (3, 2, 6, 8)),
+    "q_one_head": (dict(), (2, 1, 5, 8), (2, 3, 6, 8)),
+    "kv_3d_q_4d": (dict(), (2, 3, 5, 8), (3, 6, 8)),
+    "q_2d_kv_4d": (dict(), (5, 8), (2, 3, 6, 8)),
+    "5d_mqa": (dict(), (2, 2, 3, 5, 8), (2, 2, 1, 6, 8)),
+    "2d": (dict(), (5, 8), (6, 8)),
+    "mask_LS": (dict(mask="float", mask_shape=(5, 7)), (2, 3, 5, 8), (2, 3, 7, 8)),
+    "mask_B1LS_mqa": (dict(mask="float", mask_shape=(2, 1, 5, 7)), (2, 3, 5, 8), (2, 1, 7, 8)),
+    "mask_11LS": (dict(mask="float", mask_shape=(1, 1, 5, 7)), (2, 3, 5, 8), (2, 3, 7, 8)),
+    "mask_B11S": (dict(mask="float", mask_shape=(2, 1, 1, 7)), (2, 3, 5, 8), (2, 3, 7, 8)),
+    "mask_HLS": (dict(mask="float", mask_shape=(3, 5, 7)), (2, 3, 5, 8), (2, 3, 7, 8)),
+    "bool_mask_B1LS_gqa": (dict(mask="bool", mask_shape=(2, 1, 5, 7), enable_gqa=True), (2, 4, 5, 8), (2, 2, 7, 8)),
 }
 
 
@@ -48,12 +66,14 @@ def test_sdpa(name):
     kw, qs, ks = SDPA_CASES[name]
     kw = dict(kw)
     mask = kw.pop("mask", None)
-    q, k, v = r(*qs), r(*ks), r(*ks[:-1], 6)
+    mask_shape = kw.pop("mask_shape", None)
+    q, k, v = r(*qs), r(*ks), r(*kw.pop("v_shape", (*ks[:-1], 6)))
     L, S = qs[-2], ks[-2]
     if mask == "bool":
-        kw["attn_mask"] = _bool_mask(L, S)
+        kw["attn_mask"] = _bool_mask(L, S) if mask_shape is None else torch.rand(mask_shape) > 0.3
+        kw["attn_mask"][..., 0] = True
     elif mask == "float":
-        kw["attn_mask"] = r(qs[0], 1, L, S)  # broadcast over heads; gets a gradient too
+        kw["attn_mask"] = r(*(mask_shape or (qs[0], 1, L, S)))  # broadcast over heads; gets a gradient too
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         if "attn_mask" in kw:
             m = kw.pop("attn_mask")
@@ -77,6 +97,12 @@ def test_sdpa_errors():
         F.scaled_dot_product_attention(q, k, k)
     with pytest.raises(RuntimeError, match="dtype"):
         F.scaled_dot_product_attention(q, q.double(), q)
+    with pytest.raises(RuntimeError, match="must divide"):  # 4 query heads, 3 key/value heads
+        F.scaled_dot_product_attention(q, torch.randn(1, 3, 3, 8, device=TPU), torch.randn(1, 3, 3, 8, device=TPU), enable_gqa=True)
+    with pytest.raises(RuntimeError, match="attn_mask"):  # the CPU's in-place add cannot grow the scores
+        F.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(1, 1, 4, 3, 3, device=TPU))
+    with pytest.raises(RuntimeError, match="broadcast"):
+        F.scaled_dot_product_attention(q, torch.randn(3, 4, 3, 8, device=TPU), torch.randn(2, 4, 3, 8, device=TPU))
 
 
 def test_sdpa_bf16():

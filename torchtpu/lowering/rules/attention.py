@@ -37,9 +37,33 @@ _DEF.define(
 )
 
 
+def _kv_batch(q_shape: Any, kv_shape: Any) -> tuple[int, ...]:
+    """Key/value batch dims as the query sees them: a head count H_kv that is neither 1
+    nor the query's H stands for H // H_kv repeats of each head (grouped-query attention,
+    validated by the kernel); everything else broadcasts as in the math backend's matmul."""
+    batch = tuple(kv_shape[:-2])
+    if _gqa_repeats(q_shape, kv_shape) > 1:
+        batch = (*batch[:-1], q_shape[-3])
+    return batch
+
+
+def _gqa_repeats(q_shape: Any, kv_shape: Any) -> int:
+    """How often each key/value head repeats for the query heads (1: plain broadcasting)."""
+    if len(q_shape) < 3 or len(kv_shape) < 3:
+        return 1
+    hq, hkv = q_shape[-3], kv_shape[-3]
+    return hq // hkv if 1 < hkv < hq and hq % hkv == 0 else 1
+
+
+def sdpa_batch(q_shape: Any, k_shape: Any, v_shape: Any) -> tuple[int, ...]:
+    """The broadcast batch dims (all but the last two) of the attention's output."""
+    return tuple(torch.broadcast_shapes(tuple(q_shape[:-2]), _kv_batch(q_shape, k_shape), _kv_batch(q_shape, v_shape)))
+
+
 def _fwd_meta(q, k, v, mask, is_causal, scale):  # noqa: ANN001, ANN202
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-    return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
+    batch = sdpa_batch(q.shape, k.shape, v.shape)
+    out = q.new_empty((*batch, q.shape[-2], v.shape[-1]))
+    return out, q.new_empty((*batch, q.shape[-2]), dtype=torch.float32)
 
 
 def _bwd_meta(g, q, k, v, mask, out, lse, is_causal, scale, mask_grad):  # noqa: ANN001, ANN202
@@ -58,18 +82,32 @@ _NEG_INF = -math.inf
 
 # -- the shared math ---------------------------------------------------------------------------
 class _Geometry:
-    """Batch dims ``N`` (all but the last two), query heads vs key/value heads (GQA)."""
+    """The broadcast batch dims ``batch`` (all but the last two) of q, k and v, and for k
+    and v the head repeat count of grouped-query attention (1 if none)."""
 
-    def __init__(self, q: Value, k: Value):
-        self.nb = q.rank - 2
+    def __init__(self, q: Value, k: Value, v: Value):
+        self.batch = sdpa_batch(q.shape, k.shape, v.shape)
+        self.nb = len(self.batch)
         self.L, self.S = q.shape[-2], k.shape[-2]
-        self.batch = q.shape[:-2]
-        self.groups = 1
-        if q.rank >= 3 and q.shape[-3] != k.shape[-3]:
-            self.groups = q.shape[-3] // k.shape[-3]
+        self.k_groups, self.v_groups = _gqa_repeats(q.shape, k.shape), _gqa_repeats(q.shape, v.shape)
 
     def dims(self) -> list[int]:
         return list(range(self.nb))
+
+
+def _to_batch(L: NodeLowering, x: Value, groups: int, batch: tuple[int, ...]) -> Value:
+    """Repeat GQA heads, then broadcast the batch dims (right-aligned) to ``batch``."""
+    x = _expand_heads(L, x, groups)
+    shape = (*batch, *x.shape[-2:])
+    if x.shape == shape:
+        return x
+    return L.b.broadcast_in_dim(x, shape, list(range(len(shape) - x.rank, len(shape))))
+
+
+def _from_batch(L: NodeLowering, dx: Value, groups: int, shape: tuple[int, ...]) -> Value:
+    """The gradient of ``_to_batch``: sum over the broadcast dims, then over the repeats."""
+    expanded = (*shape[:-3], shape[-3] * groups, *shape[-2:]) if groups > 1 else shape
+    return _reduce_heads(L, _sum_to(L, dx, expanded), groups)
 
 
 def _expand_heads(L: NodeLowering, x: Value, groups: int) -> Value:
@@ -145,8 +183,9 @@ def safe_softmax(L: NodeLowering, s: Value) -> tuple[Value, Value]:
 # -- rules -----------------------------------------------------------------------------------------
 @register(SDPA_FORWARD)
 def sdpa_forward(L: NodeLowering, q: Value, k: Value, v: Value, mask: Value | None, is_causal: bool, scale: Any) -> tuple[Value, Value]:
-    g = _Geometry(q, k)
-    k, v = _expand_heads(L, k, g.groups), _expand_heads(L, v, g.groups)
+    g = _Geometry(q, k, v)
+    q = _to_batch(L, q, 1, g.batch)
+    k, v = _to_batch(L, k, g.k_groups, g.batch), _to_batch(L, v, g.v_groups, g.batch)
     p, lse = safe_softmax(L, _scores(L, g, q, k, mask, is_causal, scale))
     out = _dot(L, p, L.to(v, torch.float32), g.nb + 1, g.nb, g.nb)
     return L.to(out, q.dtype), lse
@@ -158,9 +197,10 @@ def sdpa_backward(
     is_causal: bool, scale: Any, mask_grad: bool,
 ) -> tuple[Value, Value, Value, Value]:
     b = L.b
-    g = _Geometry(q, k)
-    ke, ve = _expand_heads(L, k, g.groups), _expand_heads(L, v, g.groups)
-    s = _scores(L, g, q, ke, mask, is_causal, scale)
+    g = _Geometry(q, k, v)
+    qe = _to_batch(L, q, 1, g.batch)
+    ke, ve = _to_batch(L, k, g.k_groups, g.batch), _to_batch(L, v, g.v_groups, g.batch)
+    s = _scores(L, g, qe, ke, mask, is_causal, scale)
     dead = _bcast_rows(L, b.compare(lse, L.full(_NEG_INF, lse.shape, lse.dtype), "EQ"), s.shape)
     p = b.unary("exponential", b.binary("subtract", s, _bcast_rows(L, lse, s.shape)))
     p = b.select(dead, L.zeros(s.shape, s.dtype), p)
@@ -171,10 +211,13 @@ def sdpa_backward(
     ds = b.binary("multiply", p, b.binary("subtract", dp, _bcast_rows(L, rowdot, dp.shape)))
     sc = _scale_value(L, scale, q.shape[-1])
     dq = _dot(L, ds, L.to(ke, torch.float32), g.nb + 1, g.nb, g.nb)
-    dk = _dot(L, ds, L.to(q, torch.float32), g.nb, g.nb, g.nb)
+    dk = _dot(L, ds, L.to(qe, torch.float32), g.nb, g.nb, g.nb)
     dq = b.binary("multiply", dq, L.broadcast_to(sc, dq.shape))
     dk = b.binary("multiply", dk, L.broadcast_to(sc, dk.shape))
-    dk, dv = _reduce_heads(L, dk, g.groups), _reduce_heads(L, dv, g.groups)
+    # broadcast inputs (one key/value head for many query heads, batch dims of size 1)
+    # get the sum over what they were broadcast to, as autograd gives the math backend
+    dq = _from_batch(L, dq, 1, q.shape)
+    dk, dv = _from_batch(L, dk, g.k_groups, k.shape), _from_batch(L, dv, g.v_groups, v.shape)
     if mask_grad and mask is not None:
         dmask = L.to(_sum_to(L, ds, mask.shape), mask.dtype)
     else:
@@ -222,28 +265,48 @@ class _SDPA(torch.autograd.Function):
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, enable_gqa: bool) -> None:
+    """The math backend's input rules: same dtype, rank >= 2, batch dims that broadcast
+    (a key/value head count other than 1 or the query's needs ``enable_gqa``), and a mask
+    that broadcasts to the scores' shape."""
     if not (q.dtype == k.dtype == v.dtype):
         raise RuntimeError(
             f"scaled_dot_product_attention: expected query, key and value to have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
         )
-    if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
-        raise RuntimeError("scaled_dot_product_attention: query, key and value must have the same rank (at least 2)")
-    if q.dim() >= 3 and q.shape[-3] != k.shape[-3]:
-        if not enable_gqa or q.shape[-3] % k.shape[-3] or k.shape[-3] != v.shape[-3]:
+    if min(q.dim(), k.dim(), v.dim()) < 2:
+        raise RuntimeError("scaled_dot_product_attention: query, key and value must have at least 2 dimensions")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise RuntimeError(
+            f"scaled_dot_product_attention: shapes do not match: query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}"
+        )
+    if q.dim() >= 3 and min(k.dim(), v.dim()) >= 3:
+        hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+        if enable_gqa and not (hq == hk == hv) and (hq % hk or hq % hv):
             raise RuntimeError(
-                f"scaled_dot_product_attention: query has {q.shape[-3]} heads and key/value {k.shape[-3]}/{v.shape[-3]}; "
+                f"scaled_dot_product_attention: number of heads in key and value ({hk}, {hv}) must divide the number of heads in query ({hq})"
+            )
+        if not enable_gqa and any(h not in (1, hq) for h in (hk, hv)) and hq != 1:
+            raise RuntimeError(
+                f"scaled_dot_product_attention: query has {hq} heads and key/value {hk}/{hv}; "
                 "pass enable_gqa=True with a query head count divisible by the key/value head count"
             )
-    if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+    try:
+        sdpa_batch(q.shape, k.shape, v.shape)
+    except RuntimeError as e:
+        raise RuntimeError(f"scaled_dot_product_attention: batch dims of query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)} do not broadcast: {e}") from None
+    if mask is None:
+        return
+    if mask.dtype != torch.bool and mask.dtype != q.dtype:
         raise RuntimeError(f"scaled_dot_product_attention: expected attn_mask dtype to be bool or {q.dtype}, got {mask.dtype}")
-
-
-def _common_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Broadcast batch dims (all but heads/seq/feature) like the math backend's matmul."""
-    if q.dim() <= 3:
-        return q, k, v
-    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
-    return (t.expand(*batch, *t.shape[-3:]) if t.shape[:-3] != batch else t for t in (q, k, v))  # type: ignore[return-value]
+    # the math backend adds the mask in place to the scores (batch of query and key)
+    scores = (*torch.broadcast_shapes(tuple(q.shape[:-2]), _kv_batch(q.shape, k.shape)), q.shape[-2], k.shape[-2])
+    try:
+        fits = torch.broadcast_shapes(tuple(mask.shape), scores) == scores
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise RuntimeError(
+            f"scaled_dot_product_attention: attn_mask of shape {list(mask.shape)} does not broadcast to the attention scores' shape {list(scores)}"
+        )
 
 
 def scaled_dot_product_attention(
@@ -265,7 +328,6 @@ def scaled_dot_product_attention(
     if is_causal and attn_mask is not None:
         raise RuntimeError("scaled_dot_product_attention: explicit attn_mask should not be set when is_causal=True")
     _check(query, key, value, attn_mask, enable_gqa)
-    query, key, value = _common_batch(query, key, value)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, attn_mask)):
         return _SDPA.apply(query, key, value, attn_mask, is_causal, scale)
     return torch.ops.torchtpu.sdpa_forward(query, key, value, attn_mask, is_causal, scale)[0]
