@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ...stablehlo.builder import Value
+from ...stablehlo.builder import Value, prod
 from ...stablehlo.types import is_float
 from ..context import NodeLowering, ScalarValue
 from ..registry import register
@@ -352,3 +352,79 @@ def fused_sgd(
     if not use_momentum:
         new_buf = list(momentum_buffer_list)
     return new_p, new_g, new_buf
+
+
+# -- GradScaler (torch.amp.GradScaler("tpu")) -----------------------------------------------------
+def _check_one_float(v: Value, name: str) -> None:
+    """The checks of PyTorch's CPU kernels, with their messages."""
+    if prod(v.shape) != 1:
+        raise RuntimeError(f"{name} must be a 1-element tensor.")
+    if v.dtype != torch.float32:
+        raise RuntimeError(f"{name} must be a float tensor.")
+
+
+@register(aten._amp_foreach_non_finite_check_and_unscale.default)
+def amp_foreach_non_finite_check_and_unscale(
+    L: NodeLowering, grads: list[Value], found_inf: Value, inv_scale: Value
+) -> tuple[list[Value], Value]:
+    """Each grad times inv_scale (in float32 for half types, like the CPU kernel's opmath);
+    found_inf becomes 1.0 if any grad holds an inf or a NaN, and is otherwise left as it was."""
+    _check_one_float(inv_scale, "inv_scale")
+    _check_one_float(found_inf, "found_inf")
+    b = L.b
+    out, any_bad = [], None
+    for g in grads:
+        if not is_float(g.dtype):
+            raise NotImplementedError(f'"_amp_foreach_non_finite_check_and_unscale_cpu" not implemented for {g.dtype}')
+        cdt = _opmath(g.dtype)
+        v = L.to(g, cdt)
+        bad = L.any_true(b.unary("not", b.op1("stablehlo.is_finite", [v], v.shape, torch.bool)))
+        any_bad = bad if any_bad is None else b.binary("or", any_bad, bad)
+        out.append(L.to(b.binary("multiply", v, _bc(L, _s(L, inv_scale, cdt), v.shape)), g.dtype))
+    if any_bad is None:
+        return out, found_inf
+    one = L.full(1.0, found_inf.shape, torch.float32)
+    return out, b.select(_bc(L, any_bad, found_inf.shape), one, found_inf)
+
+
+@register(aten._amp_update_scale.default)
+def amp_update_scale(
+    L: NodeLowering,
+    scale: Value,
+    growth_tracker: Value,
+    found_inf: Value,
+    growth_factor: Any,
+    backoff_factor: Any,
+    growth_interval: Any,
+) -> tuple[Value, Value]:
+    """PyTorch's _amp_update_scale_ CPU kernel: back off (and reset the tracker) after an
+    inf/NaN step, otherwise count the step and grow the scale every growth_interval steps
+    unless the grown scale would overflow float32. The products are taken in double, as
+    the kernel's float * double does."""
+    if prod(growth_tracker.shape) != 1:
+        raise RuntimeError("growth_tracker must be a 1-element tensor.")
+    if prod(scale.shape) != 1:
+        raise RuntimeError("current_scale must be a 1-element tensor.")
+    _check_one_float(found_inf, "found_inf")
+    if growth_tracker.dtype != torch.int32:
+        raise RuntimeError("growth_tracker must be an int tensor.")
+    if scale.dtype != torch.float32:
+        raise RuntimeError("current_scale must be a float tensor.")
+    b = L.b
+    wide = torch.float64 if L.ctx.supports_f64 else torch.float32
+    shape, tshape = scale.shape, growth_tracker.shape
+    found = b.compare(b.reshape(found_inf, shape), L.zeros(shape, torch.float32), "NE")  # NaN counts as found
+
+    def times(factor: Any) -> Value:
+        return L.to(b.binary("multiply", L.to(scale, wide), _bc(L, _s(L, factor, wide), shape)), torch.float32)
+
+    backed_off, grown = times(backoff_factor), times(growth_factor)
+    successful = b.binary("add", growth_tracker, L.full(1, tshape, torch.int32))
+    grow_now = b.compare(successful, _bc(L, _s(L, growth_interval, torch.int32), tshape), "EQ")
+    grow_now_s = b.reshape(grow_now, shape)
+    can_grow = b.binary("and", grow_now_s, b.op1("stablehlo.is_finite", [grown], shape, torch.bool))
+    new_scale = b.select(found, backed_off, b.select(can_grow, grown, scale))
+    found_t = b.reshape(found, tshape)
+    zero = L.zeros(tshape, torch.int32)
+    new_tracker = b.select(found_t, zero, b.select(grow_now, zero, successful))
+    return new_scale, new_tracker
