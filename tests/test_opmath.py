@@ -107,3 +107,12 @@ def test_linear_adds_the_bias_before_rounding(dtype):
     x, w, b = torch.randn(16, 64).to(dtype), torch.randn(32, 64).to(dtype), torch.randn(32).to(dtype)
     assert torch.equal(torch.nn.functional.linear(x.to(TPU), w.to(TPU), b.to(TPU)).cpu(), torch.nn.functional.linear(x, w, b))
     assert torch.equal(torch.addmm(b.to(TPU), x.to(TPU), w.t().to(TPU), beta=0.5, alpha=2.0).cpu(), torch.addmm(b, x, w.t(), beta=0.5, alpha=2.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_convolution_adds_the_bias_before_rounding(dtype):
+    """16-bit convolutions accumulate in float32 and add the bias before the one rounding,
+    as oneDNN on the CPU (bias added after rounding was one ulp off: 4.78125 vs 4.8125)."""
+    x, w, b = torch.randn(2, 8, 9, 9).to(dtype), torch.randn(6, 8, 3, 3).to(dtype), torch.randn(6).to(dtype)
+    expected = torch.nn.functional.conv2d(x, w, b)
+    assert torch.equal(torch.nn.functional.conv2d(x.to(TPU), w.to(TPU), b.to(TPU)).cpu(), expected)

@@ -185,12 +185,14 @@ def convolution(
         x = L.b.reshape(x, (1, *x.shape))
     stride, padding, dilation = _expand(stride, nsp), _expand(padding, nsp), _expand(dilation, nsp)
     out_spatial = list(out.shape[-nsp:]) if nsp else []
-    dtype = out.dtype
+    # 16-bit convolutions accumulate in float32 and add the bias before rounding once, as
+    # the CPU (oneDNN) does; rounding first put the bias one bf16 ulp off
+    acc = torch.float32 if out.dtype in _LOW_PRECISION else out.dtype
     if transposed:
-        y = _transpose_lhs(L, x, w, out_spatial, stride, padding, dilation, groups, out_dtype=dtype)
+        y = _transpose_lhs(L, x, w, out_spatial, stride, padding, dilation, groups, out_dtype=acc)
     else:
-        y = _forward(L, x, w, out_spatial, stride, padding, dilation, groups, out_dtype=dtype)
-    y = _add_bias(L, y, bias)
+        y = _forward(L, x, w, out_spatial, stride, padding, dilation, groups, out_dtype=acc)
+    y = L.to(_add_bias(L, y, bias), out.dtype)
     if unbatched:
         y = L.b.reshape(y, y.shape[1:])
     return y
