@@ -89,6 +89,41 @@ def _patch_storage_clone() -> None:
     torch.UntypedStorage.clone = clone
 
 
+def _restore_untyped_storage(host: torch.Tensor) -> Any:
+    """Unpickle a tpu storage from a CPU tensor holding its bytes."""
+    return _ser_restore(host.untyped_storage(), "tpu")
+
+
+def _restore_typed_storage(host: torch.Tensor, dtype: torch.dtype) -> Any:
+    return torch.TypedStorage(wrap_storage=_restore_untyped_storage(host), dtype=dtype, _internal=True)
+
+
+def _patch_storage_pickle() -> None:
+    """``pickle`` of a tpu tensor pickles its storage, whose ``__reduce__`` runs a legacy
+    ``torch.save`` that reads the bytes through a C++ path with no device buffer behind it.
+    Pickle tpu storages as their host bytes instead (what a CUDA storage's legacy save
+    writes) and restore them onto tpu; ``copy``, ``multiprocessing`` and DataLoader workers
+    go through the same path."""
+    from .tensor.minimal import storage_to_host
+
+    for cls in (torch.UntypedStorage, torch.TypedStorage):
+        original = cls.__reduce__
+        if getattr(original, "_torchtpu", False):
+            continue
+
+        def __reduce__(self: Any, _original: Any = original) -> Any:
+            untyped = self._untyped_storage if isinstance(self, torch.TypedStorage) else self
+            if untyped.device.type != "tpu":
+                return _original(self)
+            if isinstance(self, torch.TypedStorage):
+                return (_restore_typed_storage, (storage_to_host(untyped), self.dtype))
+            return (_restore_untyped_storage, (storage_to_host(untyped),))
+
+        __reduce__._torchtpu = True  # type: ignore[attr-defined]
+        __reduce__.__doc__ = original.__doc__
+        cls.__reduce__ = __reduce__
+
+
 def register_device() -> None:
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
@@ -98,6 +133,7 @@ def register_device() -> None:
     torch.serialization.register_package(5, _ser_tag, _ser_restore)
     _patch_accelerator_synchronize()
     _patch_storage_clone()
+    _patch_storage_pickle()
     from .device.matmul_precision import install_torch_hook
 
     install_torch_hook()

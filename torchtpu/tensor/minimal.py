@@ -207,6 +207,12 @@ def clone_storage(storage: Any) -> Any:
     return new_tensor(copy, [cell.numel], [1], 0, cell.dtype).untyped_storage()
 
 
+def storage_to_host(storage: Any) -> torch.Tensor:
+    """A flat CPU tensor with the elements (and so the bytes) of tpu storage ``storage``."""
+    cell = storage._cell
+    return to_cpu(new_tensor(cell, [cell.numel], [1], 0, cell.dtype), "pickle")
+
+
 def local_scalar_dense(x: torch.Tensor) -> Any:
     return to_cpu(x, "item").item()
 
