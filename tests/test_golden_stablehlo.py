@@ -350,3 +350,33 @@ def test_pooling_bicubic_upsampling_is_two_matrix_products() -> None:
 @pytest.mark.parametrize("module", sorted(m.name for m in pkgutil.iter_modules(rules_pkg.__path__)))
 def test_every_rule_family_has_a_golden_test(module: str) -> None:
     assert module in FAMILIES, f"add a golden StableHLO test for torchtpu/lowering/rules/{module}.py"
+
+
+def test_ctc_loss_is_one_while_loop_over_time() -> None:
+    # log_probs (T=6, N=2, C=5), padded targets (2, 3): the alpha recursion is one loop,
+    # vectorised over the batch and the 2*3+1 label positions
+    text = lower(aten._ctc_loss.Tensor, T(6, 2, 5), T(2, 3, dtype=I64), T(2, dtype=I64), T(2, dtype=I64), 0, False)
+    assert text.count('"stablehlo.while"') == 1
+    assert signature(text).endswith("-> (tensor<2xf32>, tensor<2x6x7xf32>) {")
+
+
+def test_recurrent_fused_lstm_cell_is_elementwise() -> None:
+    # gates (3, 4*4) from input and hidden projections plus biases: sigmoid/tanh, no matmul
+    text = lower(aten._thnn_fused_lstm_cell.default, T(3, 16), T(3, 16), T(3, 4), T(16), T(16))
+    assert {"stablehlo.logistic", "stablehlo.tanh"} <= ops_in(text)
+    assert "stablehlo.dot_general" not in ops_in(text) and "stablehlo.while" not in ops_in(text)
+    assert signature(text).endswith("-> (tensor<3x4xf32>, tensor<3x4xf32>, tensor<3x16xf32>) {")
+
+
+FAMILIES["ctc"] = test_ctc_loss_is_one_while_loop_over_time
+FAMILIES["recurrent"] = test_recurrent_fused_lstm_cell_is_elementwise
+
+
+def test_weight_norm_backward_is_one_reduction() -> None:
+    # grad_g needs one sum over the non-`dim` dims; grad_v is elementwise from there
+    text = lower(aten._weight_norm_interface_backward.default, T(6, 4, 3), T(6, 4, 3), T(6, 1, 1), T(6, 1, 1), 0)
+    assert text.count('"stablehlo.reduce"') == 1 and "stablehlo.dot_general" not in ops_in(text)
+    assert signature(text).endswith("-> (tensor<6x4x3xf32>, tensor<6x1x1xf32>) {")
+
+
+FAMILIES["weight_norm"] = test_weight_norm_backward_is_one_reduction
