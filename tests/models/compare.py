@@ -245,8 +245,7 @@ def zero_dropout(config: Any) -> Any:
         lowered = key.lower()
         if isinstance(value, float) and ("drop" in lowered or lowered in ("mask_time_prob", "mask_feature_prob")):
             setattr(config, key, 0.0)
-    for sub in ("text_config", "vision_config", "audio_config", "encoder", "decoder"):
-        child = getattr(config, sub, None)
-        if child is not None and hasattr(child, "to_dict"):
+    for child in list(vars(config).values()):  # sub-configs: text_config, encoder_config, ...
+        if child is not config and hasattr(child, "to_dict") and hasattr(child, "model_type"):
             zero_dropout(child)
     return config
