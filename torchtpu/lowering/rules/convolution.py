@@ -17,6 +17,7 @@ import torch
 from ...stablehlo.builder import Value, i64_array
 from ..context import NodeLowering
 from ..registry import register
+from .reduction import acc_dtype
 
 aten = torch.ops.aten
 
@@ -187,7 +188,7 @@ def convolution(
     out_spatial = list(out.shape[-nsp:]) if nsp else []
     # 16-bit convolutions accumulate in float32 and add the bias before rounding once, as
     # the CPU (oneDNN) does; rounding first put the bias one bf16 ulp off
-    acc = torch.float32 if out.dtype in _LOW_PRECISION else out.dtype
+    acc = acc_dtype(out.dtype)
     if transposed:
         y = _transpose_lhs(L, x, w, out_spatial, stride, padding, dilation, groups, out_dtype=acc)
     else:

@@ -11,6 +11,7 @@ from ...stablehlo.builder import Value
 from ...stablehlo.types import is_complex, is_float, is_unsigned
 from ..context import NodeLowering
 from ..registry import register
+from .reduction import acc_dtype
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -486,15 +487,11 @@ def tanh_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
 # The CPU kernels compute these in "opmath" (float32 for float16/bfloat16) and round once at
 # the end; computing in the 16-bit dtype rounds every intermediate and lands 10-40x farther
 # from float64 than the CPU.
-def _opmath(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 @register(aten.addcmul.default)
 def addcmul(L: NodeLowering, x: Value, t1: Value, t2: Value, value: Any = 1) -> Value:
     """self + value * t1 * t2, in that order, as the CPU kernel."""
     out = L.out[0].dtype
-    x, t1, t2 = L.promote(x, t1, t2, dtype=_opmath(out))
+    x, t1, t2 = L.promote(x, t1, t2, dtype=acc_dtype(out))
     b = L.b
     return L.to(b.binary("add", x, b.binary("multiply", _scaled(L, t1, value), t2)), out)
 
@@ -503,7 +500,7 @@ def addcmul(L: NodeLowering, x: Value, t1: Value, t2: Value, value: Any = 1) -> 
 def addcdiv(L: NodeLowering, x: Value, t1: Value, t2: Value, value: Any = 1) -> Value:
     """self + value * t1 / t2, in that order, as the CPU kernel."""
     out = L.out[0].dtype
-    x, t1, t2 = L.promote(x, t1, t2, dtype=_opmath(out))
+    x, t1, t2 = L.promote(x, t1, t2, dtype=acc_dtype(out))
     b = L.b
     return L.to(b.binary("add", x, b.binary("divide", _scaled(L, t1, value), t2)), out)
 
@@ -513,7 +510,7 @@ def lerp(L: NodeLowering, x: Value, end: Value, weight: Any) -> Value:
     """PyTorch's two-sided formula: start + w * (end - start) for |w| < 0.5, else
     end - (end - start) * (1 - w), so both end points are exact (lerp(a, b, 1) == b)."""
     out = L.out[0].dtype
-    x, end, w = L.promote(x, end, weight, dtype=_opmath(out))
+    x, end, w = L.promote(x, end, weight, dtype=acc_dtype(out))
     b = L.b
     diff = b.binary("subtract", end, x)
     one = L.full(1, w.shape, w.dtype)
@@ -593,7 +590,7 @@ def zeta(L: NodeLowering, x: Any, q: Any) -> Value:
     """chlo.zeta, with the CPU's value at the poles: q a non-positive integer (and x > 1)
     gives +inf, where chlo.zeta gives NaN."""
     out = L.out[0].dtype
-    work = _opmath(out)
+    work = acc_dtype(out)
     x, q = L.promote(x, q, dtype=work)
     b = L.b
     value = b.op1("chlo.zeta", [x, q], x.shape, work)

@@ -16,6 +16,7 @@ import torch
 from ...stablehlo.builder import Value
 from ..context import NodeLowering
 from ..registry import register
+from .reduction import acc_dtype
 
 aten = torch.ops.aten
 
@@ -99,7 +100,7 @@ def embedding_bag(
     else:
         # sum/mean accumulate in float32 for 16-bit weights and round once, as the CPU
         # kernel does (bf16 sums rounded per row were 3x farther from float64)
-        acc = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
+        acc = acc_dtype(weight.dtype)
         src = L.to(rows, acc)
         if per_sample_weights is not None:
             src = b.binary("multiply", src, _expand(L, L.to(per_sample_weights, acc), d))
