@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """torch.compile(backend="tpu") against JAX's jit and PyTorch CPU (eager, inductor), in one run.
 
-Workloads (/work/shared/bench/README.md):
+Workloads:
   MLP step: 3-layer MLP 1024-1024-1024-10, batch 64, cross-entropy, SGD lr 0.01, seed 0;
             steady-state median of MLP_N steps after WARM warm-up steps, first step timed
             separately (tracing + compilation, torchtpu's disk cache disabled).
@@ -14,11 +14,12 @@ Columns for the MLP:
   tpu compiled step    the whole step as ONE program: torch.func.grad_and_value + in-place SGD
                        update of the parameters (donated), torch.compile(fullgraph=True)
   tpu stock step       torch.compile(step) around zero_grad/backward/opt.step (several programs)
-  JAX jit              /work/shared/bench/bench_jax.py in its own venv (JAX_PYTHON=path/to/python;
-                       skipped with a note if unset). Same XLA as jaxlib 0.10.2.
+  JAX jit              the same MLP step under jax.jit: bench_jax.py beside this file, run by
+                       JAX_PYTHON=path/to/python of a venv with jax==0.10.2 (skipped with a
+                       note if unset; JAX_BENCH=path picks another script). Same XLA as jaxlib 0.10.2.
   CPU eager / inductor PyTorch on the host.
 
-Env: MLP_N, WARM, GPT_N, JAX_PYTHON, SKIP_INDUCTOR=1, OUT=path.json
+Env: MLP_N, WARM, GPT_N, JAX_PYTHON, JAX_BENCH, SKIP_INDUCTOR=1, OUT=path.json
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ WARM = int(os.environ.get("WARM", 5))
 GPT_N = int(os.environ.get("GPT_N", 20))
 B, D, H, C = 64, 1024, 1024, 10
 LR = 0.01
-JAX_SCRIPT = os.environ.get("JAX_BENCH", "/work/shared/bench/bench_jax.py")
+JAX_SCRIPT = os.environ.get("JAX_BENCH", os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_jax.py"))
 
 
 def sync(device: str) -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Eager-mode benchmark: tpu (XLA via PjRT) against PyTorch CPU, measured in the same run.
 
-Workloads (../shared/bench/README.md):
+Workloads (the same in bench_compile.py, bench_modes.py and bench_jax.py):
   add:  y = x + x on a 2x2 float32 tensor, then wait for it (median of ADD_N)
   mlp:  3-layer MLP 1024-1024-1024-10, batch 64, cross-entropy, SGD lr 0.01,
         torch.manual_seed(0) init; one step = forward + backward + SGD + sync.
@@ -93,9 +93,13 @@ def main() -> None:
     us = 1e6
     print(f"platform: {res['platform']}  torch {res['torch']}  threads {res['threads']}")
     print(f"{'workload':<28}{'tpu':>14}{'cpu':>14}{'tpu/cpu':>10}")
-    print(f"{'add + sync (median)':<28}{res['add_tpu_s'] * us:>11.1f} us{res['add_cpu_s'] * us:>11.1f} us{res['add_tpu_s'] / res['add_cpu_s']:>10.1f}")
+    print(
+        f"{'add + sync (median)':<28}{res['add_tpu_s'] * us:>11.1f} us{res['add_cpu_s'] * us:>11.1f} us{res['add_tpu_s'] / res['add_cpu_s']:>10.1f}"
+    )
     mt, mc = res["mlp_tpu"], res["mlp_cpu"]
-    print(f"{'MLP eager step (median)':<28}{mt['step_s'] * 1e3:>11.2f} ms{mc['step_s'] * 1e3:>11.2f} ms{mt['step_s'] / mc['step_s']:>10.2f}")
+    print(
+        f"{'MLP eager step (median)':<28}{mt['step_s'] * 1e3:>11.2f} ms{mc['step_s'] * 1e3:>11.2f} ms{mt['step_s'] / mc['step_s']:>10.2f}"
+    )
     print(f"{'MLP first step':<28}{mt['first_step_s']:>12.3f} s{mc['first_step_s']:>12.3f} s")
     print(f"{f'MLP loss after {1 + WARM + MLP_N} steps':<28}{mt['loss']:>14.4f}{mc['loss']:>14.4f}")
     m = res["mlp_tpu_metrics"]

@@ -1,21 +1,21 @@
 #!/usr/bin/env python
 """The MLP step in every execution mode, against JAX's jit and PyTorch CPU, in one run.
 
-Workload (/work/shared/bench/README.md): 3-layer MLP 1024-1024-1024-10, batch 64,
-cross-entropy, SGD lr 0.01, seed 0; one step = zero_grad + forward + backward + SGD +
-synchronize. Steady-state median of MLP_N steps after WARM warm-up steps; the loss after
+Workload: 3-layer MLP 1024-1024-1024-10, batch 64, cross-entropy, SGD lr 0.01, seed 0;
+one step = zero_grad + forward + backward + SGD + synchronize. Steady-state median of MLP_N steps after WARM warm-up steps; the loss after
 1 + WARM + MLP_N steps (1.7841 with the defaults) checks correctness.
 
 Rows:
   tpu eager            one cached program per op
   tpu DeferAndFuse     torchtpu.eager_mode("defer_and_fuse"), the stock training loop
   tpu compiled step    torch.compile(backend="tpu", fullgraph=True) of a functional step
-  JAX jit              /work/shared/bench/bench_jax.py in its own venv (JAX_PYTHON=python)
+  JAX jit              the same step under jax.jit (bench_jax.py, run by JAX_PYTHON=python of a
+                       venv with jax==0.10.2; see bench_compile.py)
   CPU eager            PyTorch on the host
 First step: DeferAndFuse's first step in a fresh process, cold (empty TORCHTPU_CACHE_DIR) and
 warm (the same directory again: executables come from the disk cache).
 
-Env: MLP_N, WARM, JAX_PYTHON, OUT=path.json
+Env: MLP_N, WARM, JAX_PYTHON, JAX_BENCH, OUT=path.json
 """
 
 from __future__ import annotations
@@ -73,7 +73,11 @@ def first_steps() -> dict:
     out = {}
     for label in ("cold", "warm"):
         run = subprocess.run(
-            [sys.executable, "-c", FIRST_STEP_CHILD, os.path.dirname(__file__)], env=env, capture_output=True, text=True, timeout=600
+            [sys.executable, "-c", FIRST_STEP_CHILD, os.path.dirname(__file__)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         out[label] = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {"error": run.stderr[-500:]}
     return out
@@ -102,21 +106,30 @@ def report(res: dict) -> None:
     print(f"platform {res['platform']}  torch {res['torch']}  threads {res['threads']}  MLP_N={bc.MLP_N} WARM={bc.WARM}")
     print(f"{'MLP step':<22}{'median':>11}{'vs JAX jit':>12}{'vs CPU eager':>14}{'first step':>12}{'loss':>9}")
     cpu = res["cpu_eager"]["step_s"]
-    rows = [("JAX jit", jax), ("tpu eager", res["eager"]), ("tpu DeferAndFuse", res["defer_and_fuse"]),
-            ("tpu compiled step", res["compiled_step"]), ("CPU eager", res["cpu_eager"])]
+    rows = [
+        ("JAX jit", jax),
+        ("tpu eager", res["eager"]),
+        ("tpu DeferAndFuse", res["defer_and_fuse"]),
+        ("tpu compiled step", res["compiled_step"]),
+        ("CPU eager", res["cpu_eager"]),
+    ]
     for name, r in rows:
         if "step_s" not in r:
             print(f"{name:<22}  skipped: {r.get('skipped', r)}")
             continue
         vs_jax = f"{r['step_s'] / ref:.2f}" if ref else "-"
-        print(f"{name:<22}{r['step_s'] * 1e3:>8.2f} ms{vs_jax:>12}{r['step_s'] / cpu:>14.2f}{r['first_step_s']:>10.2f} s{r['loss']:>9.4f}")
+        print(
+            f"{name:<22}{r['step_s'] * 1e3:>8.2f} ms{vs_jax:>12}{r['step_s'] / cpu:>14.2f}{r['first_step_s']:>10.2f} s{r['loss']:>9.4f}"
+        )
     d = res["defer_and_fuse"]
     print(f"DeferAndFuse over the run: compiles={d['compiles']} executions={d['executions']} flushes={d['flushes_by_reason']}")
     for label, r in res["first_step"].items():
         if "error" in r:
             print(f"first DeferAndFuse step, {label} cache: error {r['error']}")
         else:
-            print(f"first DeferAndFuse step, {label} disk cache: {r['first_step_s']:.3f} s  (compiles={r['compiles']}, disk hits={r['disk_cache_hits']})")
+            print(
+                f"first DeferAndFuse step, {label} disk cache: {r['first_step_s']:.3f} s  (compiles={r['compiles']}, disk hits={r['disk_cache_hits']})"
+            )
 
 
 if __name__ == "__main__":

@@ -307,7 +307,7 @@ class CompiledGraph:
     # -- building ------------------------------------------------------------------------------
     def _build(self, call: _Call) -> Program:
         ctx = ProgramContext()
-        ctx.supports_f64 = pjrt.get().supports_f64
+        ctx.set_platform(pjrt.get())
         b = ctx.b
         bases: list[Value] = []
         params: dict[int, int] = {}  # slot -> parameter index

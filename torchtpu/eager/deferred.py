@@ -333,7 +333,7 @@ def _donatable(g: Graph, live: list[tuple[int, Cell]]) -> tuple[int, ...]:
 
 def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
     ctx = ProgramContext()
-    ctx.supports_f64 = pjrt.get().supports_f64
+    ctx.set_platform(pjrt.get())
     b = ctx.b
     values: list[Any] = [None] * len(g.kinds)
     for idx, (kind, numel, dtype, _) in enumerate(g.kinds):

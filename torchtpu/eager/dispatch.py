@@ -311,7 +311,7 @@ def _resize_outs(plan: OpPlan, values: list[Any]) -> None:
 def lower_single(plan: OpPlan, values: list[Any], call: _Call) -> tuple[ProgramContext, Any]:
     """Lower one call into a fresh program whose parameters are its storages and numbers."""
     ctx = ProgramContext()
-    ctx.supports_f64 = pjrt.get().supports_f64
+    ctx.set_platform(pjrt.get())
     b = ctx.b
     bases = []
     for cell in call.cells:

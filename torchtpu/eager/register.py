@@ -126,13 +126,20 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
 
 
 def _lu_layout_kernel(name: str) -> Any:
-    """_linalg_det/_linalg_slogdet return an LU whose layout depends on A's strides (see
-    lowering/rules/linalg.py); a rule cannot see strides, this kernel can."""
+    """The tpu kernel of ``_linalg_det``/``_linalg_slogdet``, whose LU's layout depends on
+    A's strides, which a rule cannot see. PyTorch's CPU kernels factor A^T when A is
+    contiguous and real (A otherwise), and the backward formulas re-derive that choice
+    from A's strides to reuse the LU. The rules (lowering/rules/linalg.py) factor A^T for
+    a real A (the layout a compiled graph's contiguous inputs have); for a strided real A
+    this kernel hands them A^T instead: same determinant, and the LU of A itself."""
+    op = getattr(torch.ops.aten, name).default
 
     def kernel(A: torch.Tensor) -> Any:  # noqa: N803 - schema name
-        from ..lowering.rules.linalg import lu_layout_kernel
+        from .dispatch import run
 
-        return lu_layout_kernel(name, A)
+        if not A.is_contiguous() and not A.is_complex():
+            A = A.mT
+        return run(op, (A,), {})
 
     return kernel
 
@@ -166,7 +173,7 @@ def ensure_op_kernels() -> None:
             for op, fn in host_kernels().items():  # data-dependent shapes: sync with the host
                 lib.impl(op, fn, "PrivateUse1")
                 REGISTERED_OPS.add(op)
-            from ..lowering.rules.attention import register_kernels as attention_kernels
+            from .attention import register_kernels as attention_kernels
 
             _libs.extend(attention_kernels())  # fused scaled_dot_product_attention (+ its own ops)
         _libs.append(lib)

@@ -8,7 +8,7 @@ lowers those.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
@@ -43,6 +43,14 @@ class TensorSpec:
         return f"TensorSpec({self.shape}, {self.dtype})"
 
 
+class PlatformFacts(Protocol):
+    """What the platform a program runs on can do, as the runtime client reports it."""
+
+    platform: str  # "cpu" | "tpu" | "cuda"
+    supports_f64: bool
+    has_lapack: bool  # XLA's LAPACK custom calls (linalg) are registered
+
+
 class ProgramContext:
     """State shared by every node of one program."""
 
@@ -53,7 +61,15 @@ class ProgramContext:
         self.precision = precision or current()  # "DEFAULT" | "HIGH" | "HIGHEST" (dot and conv)
         self.rng_state: Value | None = None  # u64[2] threaded through random ops
         self.checks: list[tuple[Value, str]] = []  # (any-true flag, message): see eager/checks.py
+        # platform capabilities: the cpu client's until the program's builder (eager/,
+        # compile/) calls set_platform; rules read these and never ask the runtime
+        self.platform = "cpu"
         self.supports_f64 = True
+        self.has_lapack = True
+
+    def set_platform(self, facts: PlatformFacts) -> None:
+        """Take the capabilities rules may ask about from the runtime client ``facts``."""
+        self.platform, self.supports_f64, self.has_lapack = facts.platform, facts.supports_f64, facts.has_lapack
 
     def new_rng_param(self) -> Value:
         self.rng_state = self.b.param((2,), torch.uint64)
@@ -159,7 +175,9 @@ class NodeLowering:
         if not flags.shape:
             return flags
         b = self.b
-        (out,) = b.reduce([flags], [b.constant(False, torch.bool)], list(range(flags.rank)), lambda acc, v: [b.binary("or", acc, v)])
+        (out,) = b.reduce(
+            [flags], [b.constant(False, torch.bool)], list(range(flags.rank)), lambda acc, v: [b.binary("or", acc, v)]
+        )
         return out
 
     def zeros(self, shape: Sequence[int], dtype: torch.dtype) -> Value:

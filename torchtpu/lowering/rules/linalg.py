@@ -7,7 +7,8 @@ geev: eig). LDL (sytrf) has no rule: the XLA CPU runtime registers no sytrf targ
 The LAPACK calls are XLA's typed-FFI LAPACK handlers (``lapack_sgetrf_ffi`` ...), registered
 with the CPU client by ``runtime/pjrt.py``. They read column-major matrices, which the
 ``operand_layouts``/``result_layouts`` attributes ask XLA to provide; leading dims are a
-batch. Only XLA's CPU client has them: on tpu/cuda these ops raise NotImplementedError.
+batch. Only XLA's CPU client has them (the program context's ``has_lapack``): on tpu/cuda
+these ops raise NotImplementedError.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from collections.abc import Sequence
 
 import torch
 
-from ...runtime import pjrt
 from ...stablehlo.builder import Value
 from ...stablehlo.types import is_complex
 from ..context import NodeLowering
@@ -38,11 +38,10 @@ _ORMQR = {"s": "sormqr", "d": "dormqr", "c": "cunmqr", "z": "zunmqr"}
 def _lapack(L: NodeLowering, routine: str, dtype: torch.dtype) -> str:
     """The FFI target for ``routine`` (e.g. "getrf") in ``dtype``; raises where unavailable."""
     what = L.op.name() if L.op is not None else routine
-    rt = pjrt.get()
-    if not getattr(rt, "has_lapack", False):
+    if not L.ctx.has_lapack:
         raise NotImplementedError(
             f"torchtpu: '{what}' needs LAPACK, which XLA provides only on the cpu platform "
-            f"(this process runs on {rt.platform}); compute it on the CPU with .cpu() and move the result back"
+            f"(this process runs on {L.ctx.platform}); compute it on the CPU with .cpu() and move the result back"
         )
     if dtype not in _PREFIX:
         raise NotImplementedError(
@@ -167,7 +166,13 @@ def gesdd(L: NodeLowering, a: Value, full: bool, compute_uv: bool) -> tuple[Valu
     _, s, u, vt, info = L.b.custom_call(
         _lapack(L, "gesdd", a.dtype),
         [a],
-        [(a.shape, a.dtype), (batch + (k,), part_dtype(a.dtype) if is_complex(a.dtype) else a.dtype), (u_shape, a.dtype), (vt_shape, a.dtype), (batch, torch.int32)],
+        [
+            (a.shape, a.dtype),
+            (batch + (k,), part_dtype(a.dtype) if is_complex(a.dtype) else a.dtype),
+            (u_shape, a.dtype),
+            (vt_shape, a.dtype),
+            (batch, torch.int32),
+        ],
         config={"mode": _char(mode)},
         operand_layouts=[lay],
         result_layouts=[lay, _row_major(len(batch) + 1), lay, lay, _row_major(len(batch))],
@@ -252,12 +257,18 @@ def permutation(L: NodeLowering, piv: Value, m: int) -> Value:
     iota = b.iota(shape, len(batch), torch.int32)
     perm = iota
     for i in range(piv.shape[-1]):
-        j = b.binary("subtract", b.reshape(b.slice(piv, [0] * len(batch) + [i], batch + (i + 1,)), batch), L.full(1, batch, torch.int32))
+        j = b.binary(
+            "subtract", b.reshape(b.slice(piv, [0] * len(batch) + [i], batch + (i + 1,)), batch), L.full(1, batch, torch.int32)
+        )
         jb = b.broadcast_in_dim(j, shape, list(range(len(batch))))
         at_j = b.compare(iota, jb, "EQ")
         at_i = b.compare(iota, L.full(i, shape, torch.int32), "EQ")
-        p_i = b.broadcast_in_dim(b.reshape(b.slice(perm, [0] * len(batch) + [i], batch + (i + 1,)), batch), shape, list(range(len(batch))))
-        p_j = b.broadcast_in_dim(_sum_last(L, b.select(at_j, perm, L.zeros(shape, torch.int32)), "add"), shape, list(range(len(batch))))
+        p_i = b.broadcast_in_dim(
+            b.reshape(b.slice(perm, [0] * len(batch) + [i], batch + (i + 1,)), batch), shape, list(range(len(batch)))
+        )
+        p_j = b.broadcast_in_dim(
+            _sum_last(L, b.select(at_j, perm, L.zeros(shape, torch.int32)), "add"), shape, list(range(len(batch)))
+        )
         perm = b.select(at_i, p_j, b.select(at_j, p_i, perm))
     return perm
 
@@ -309,7 +320,9 @@ def _perm_sign(L: NodeLowering, piv: Value, dtype: torch.dtype) -> Value:
     want = b.binary("add", b.iota(piv.shape, piv.rank - 1, torch.int32), L.full(1, piv.shape, torch.int32))
     swaps = _sum_last(L, L.to(b.compare(piv, want, "NE"), torch.int32), "add")
     odd = b.binary("remainder", swaps, L.full(2, swaps.shape, torch.int32))
-    return b.binary("subtract", L.full(1, odd.shape, dtype), L.to(b.binary("multiply", odd, L.full(2, odd.shape, torch.int32)), dtype))
+    return b.binary(
+        "subtract", L.full(1, odd.shape, dtype), L.to(b.binary("multiply", odd, L.full(2, odd.shape, torch.int32)), dtype)
+    )
 
 
 # -- rules ------------------------------------------------------------------------------
@@ -336,7 +349,9 @@ def cholesky(L: NodeLowering, a: Value, upper: bool = False) -> Value:
 
 
 @register(aten.linalg_solve_triangular.default)
-def linalg_solve_triangular(L: NodeLowering, a: Value, rhs: Value, *, upper: bool, left: bool = True, unitriangular: bool = False) -> Value:
+def linalg_solve_triangular(
+    L: NodeLowering, a: Value, rhs: Value, *, upper: bool, left: bool = True, unitriangular: bool = False
+) -> Value:
     out = L.out[0]
     batch = out.shape[:-2]
     a = _bcast_batch(L, L.to(a, out.dtype), batch, 2)
@@ -345,7 +360,9 @@ def linalg_solve_triangular(L: NodeLowering, a: Value, rhs: Value, *, upper: boo
 
 
 @register(aten.triangular_solve.default)
-def triangular_solve_(L: NodeLowering, rhs: Value, a: Value, upper: bool = True, transpose: bool = False, unitriangular: bool = False) -> tuple[Value, Value]:
+def triangular_solve_(
+    L: NodeLowering, rhs: Value, a: Value, upper: bool = True, transpose: bool = False, unitriangular: bool = False
+) -> tuple[Value, Value]:
     out, a_out = L.out[0], L.out[1]
     a = L.broadcast_to(a, a_out.shape)
     rhs = L.broadcast_to(rhs, out.shape)
@@ -354,7 +371,9 @@ def triangular_solve_(L: NodeLowering, rhs: Value, a: Value, upper: bool = True,
 
 
 @register(aten.linalg_lu_factor_ex.default)
-def linalg_lu_factor_ex(L: NodeLowering, a: Value, *, pivot: bool = True, check_errors: bool = False) -> tuple[Value, Value, Value]:
+def linalg_lu_factor_ex(
+    L: NodeLowering, a: Value, *, pivot: bool = True, check_errors: bool = False
+) -> tuple[Value, Value, Value]:
     if not pivot:
         raise NotImplementedError("torchtpu: LU without pivoting is not implemented (nor is it on PyTorch's CPU); use pivot=True")
     return getrf(L, a)
@@ -380,7 +399,9 @@ def linalg_lu(L: NodeLowering, a: Value, *, pivot: bool = True) -> tuple[Value, 
 
 
 @register(aten.lu_unpack.default)
-def lu_unpack(L: NodeLowering, lu: Value, piv: Value, unpack_data: bool = True, unpack_pivots: bool = True) -> tuple[Value, Value, Value]:
+def lu_unpack(
+    L: NodeLowering, lu: Value, piv: Value, unpack_data: bool = True, unpack_pivots: bool = True
+) -> tuple[Value, Value, Value]:
     p, lower, upper = _unpack(L, lu, piv)
     outs = []
     for v, spec in zip((p, lower, upper), L.out):
@@ -402,7 +423,9 @@ def _is_vector_rhs(a: Value, rhs: Value) -> bool:
 
 
 @register(aten._linalg_solve_ex.default)
-def linalg_solve_ex(L: NodeLowering, a: Value, rhs: Value, *, left: bool = True, check_errors: bool = False) -> tuple[Value, Value, Value, Value]:
+def linalg_solve_ex(
+    L: NodeLowering, a: Value, rhs: Value, *, left: bool = True, check_errors: bool = False
+) -> tuple[Value, Value, Value, Value]:
     """LU is the factorization of A itself, as PyTorch 2.13's CPU kernel returns it
     (its backward solves the adjoint system with that LU)."""
     return _solve_ex(L, a, rhs, left, use_a_t=False)
@@ -431,20 +454,9 @@ def linalg_inv_ex(L: NodeLowering, a: Value, *, check_errors: bool = False) -> t
     return lu_solve(L, lu, piv, eye), info
 
 
-def lu_layout_kernel(name: str, A: torch.Tensor) -> tuple[torch.Tensor, ...]:  # noqa: N803 - schema name
-    """Eager tpu kernel of ``_linalg_det``/``_linalg_slogdet``. PyTorch's CPU kernels factor
-    A^T when A is contiguous and real (A otherwise), and the backward formulas re-derive
-    that choice from A's strides to reuse the LU. The rules below factor A^T for a real A
-    (the layout a compiled graph's contiguous inputs have); for a strided real A this
-    kernel hands them A^T instead: same determinant, and the LU of A itself."""
-    from ...eager.dispatch import run
-
-    if not A.is_contiguous() and not A.is_complex():
-        A = A.mT
-    return run(getattr(aten, name).default, (A,), {})
-
-
 def _det_lu(L: NodeLowering, a: Value) -> tuple[Value, Value]:
+    """The LU PyTorch's CPU kernel returns for a contiguous A: of A^T when real, of A when
+    complex (the eager kernel in eager/register.py hands a strided real A in transposed)."""
     lu, piv, _ = getrf(L, a if is_complex(a.dtype) else _mT(L, a))
     return lu, piv
 
@@ -497,7 +509,9 @@ def householder_product(L: NodeLowering, a: Value, tau: Value) -> Value:
 
 
 @register(aten._linalg_svd.default)
-def linalg_svd(L: NodeLowering, a: Value, full_matrices: bool = False, compute_uv: bool = True, *, driver: str | None = None) -> tuple[Value, Value, Value]:
+def linalg_svd(
+    L: NodeLowering, a: Value, full_matrices: bool = False, compute_uv: bool = True, *, driver: str | None = None
+) -> tuple[Value, Value, Value]:
     s, u, vt, info = gesdd(L, a, full_matrices, compute_uv)
     s = _nan_where_failed(L, s, info)
     if not compute_uv:
@@ -548,8 +562,22 @@ def cholesky_inverse(L: NodeLowering, factor: Value, upper: bool = False) -> Val
 # matrix and the right one selected (no host round trip); the squarings run in a while
 # loop that stops at the largest count any matrix of the batch needs.
 _MEXP_THETAS = {
-    "float": (1.192092800768788e-07, 5.978858893805233e-04, 5.116619363445086e-02, 5.800524627688768e-01, 1.461661507209034e00, 3.010066362817634e00),
-    "double": (2.220446049250313e-16, 2.580956802971767e-08, 3.397168839976962e-04, 4.991228871115323e-02, 2.996158913811580e-01, 1.090863719290036e00),
+    "float": (
+        1.192092800768788e-07,
+        5.978858893805233e-04,
+        5.116619363445086e-02,
+        5.800524627688768e-01,
+        1.461661507209034e00,
+        3.010066362817634e00,
+    ),
+    "double": (
+        2.220446049250313e-16,
+        2.580956802971767e-08,
+        3.397168839976962e-04,
+        4.991228871115323e-02,
+        2.996158913811580e-01,
+        1.090863719290036e00,
+    ),
 }
 _T12 = (
     (9.0198e-16, 0.46932117595418237389, -0.20099424927047284052, -0.04623946134063071740),
@@ -560,8 +588,20 @@ _T12 = (
 _T18 = (
     (0.0, -1.00365581030144618291e-01, -8.02924648241156932449e-03, -8.92138498045729985177e-04, 0.0),
     (0.0, 3.97849749499645077844e-01, 1.36783778460411720168e00, 4.98289622525382669416e-01, -6.37898194594723280150e-04),
-    (-1.09676396052962061844e01, 1.68015813878906206114e00, 5.71779846478865511061e-02, -6.98210122488052056106e-03, 3.34975017086070470649e-05),
-    (-9.04316832390810593223e-02, -6.76404519071381882256e-02, 6.75961301770459654925e-02, 2.95552570429315521194e-02, -1.39180257516060693404e-05),
+    (
+        -1.09676396052962061844e01,
+        1.68015813878906206114e00,
+        5.71779846478865511061e-02,
+        -6.98210122488052056106e-03,
+        3.34975017086070470649e-05,
+    ),
+    (
+        -9.04316832390810593223e-02,
+        -6.76404519071381882256e-02,
+        6.75961301770459654925e-02,
+        2.95552570429315521194e-02,
+        -1.39180257516060693404e-05,
+    ),
     (0.0, 0.0, -9.23364619367118555360e-02, -1.69364939002081722752e-02, -1.40086798182036094347e-05),
 )
 
@@ -648,7 +688,11 @@ def _matrix_exp(L: NodeLowering, a: Value) -> Value:
     norm = _one_norm(L, a)
 
     # degree 18 with scaling and squaring: s squarings of T18(a / 2^s)
-    log2 = b.binary("divide", b.unary("log", b.binary("divide", norm, L.full(thetas[5], norm.shape, real))), L.full(math.log(2), norm.shape, real))
+    log2 = b.binary(
+        "divide",
+        b.unary("log", b.binary("divide", norm, L.full(thetas[5], norm.shape, real))),
+        L.full(math.log(2), norm.shape, real),
+    )
     s = b.binary("maximum", b.unary("ceil", log2), L.zeros(norm.shape, real))
     scale = b.binary("power", L.full(2.0, s.shape, real), s)
     scaled = b.binary("divide", a, L.to(_per_matrix(L, scale, a.shape), a.dtype))
@@ -720,7 +764,9 @@ def _lstsq_driver(driver: str | None) -> str:
     return driver
 
 
-def _lstsq_meta(a: torch.Tensor, b: torch.Tensor, rcond: float | None = None, *, driver: str | None = None) -> tuple[torch.Tensor, ...]:
+def _lstsq_meta(
+    a: torch.Tensor, b: torch.Tensor, rcond: float | None = None, *, driver: str | None = None
+) -> tuple[torch.Tensor, ...]:
     """Output shapes of the CPU kernel: residuals only for m > n (not with gelsy), the
     rank except with gels, singular values with gelsd/gelss; else empty tensors."""
     driver = _lstsq_driver(driver)
@@ -776,7 +822,9 @@ def _lstsq_svd(L: NodeLowering, a: Value, rhs: Value, rcond: float | None) -> tu
 
 
 @register(aten.linalg_lstsq.default)
-def linalg_lstsq(L: NodeLowering, a: Value, rhs: Value, rcond: float | None = None, *, driver: str | None = None) -> tuple[Value, Value, Value, Value]:
+def linalg_lstsq(
+    L: NodeLowering, a: Value, rhs: Value, rcond: float | None = None, *, driver: str | None = None
+) -> tuple[Value, Value, Value, Value]:
     b = L.b
     driver = _lstsq_driver(driver)
     sol_spec, res_spec, rank_spec, sv_spec = L.out
