@@ -168,49 +168,67 @@ def isfinite(L: NodeLowering, x: Value) -> Value:
 
 
 # -- binary arithmetic ----------------------------------------------------------------------
-def _scaled(L: NodeLowering, y: Value, alpha: Any) -> Value:
+# PyTorch's CPU kernels compute 16-bit float arithmetic in float32 ("opmath") and round
+# once. mul and div keep a Python scalar operand in float32 (bf16 ``x * 0.1`` multiplies
+# by 0.1f, not by bf16(0.1) = 0.10009765625: they read the scalar's original value); add
+# and sub round a scalar operand and ``alpha`` to the tensor's dtype first (TensorIterator's
+# common dtype; ``alpha.to<scalar_t>()``), then compute in float32. The rules do the same.
+def _opmath(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _scaled(L: NodeLowering, y: Value, alpha: Any, alpha_dtype: torch.dtype) -> Value:
+    """``alpha * y``, with ``alpha`` rounded to ``alpha_dtype`` (the result's dtype)."""
     if alpha is None or (not isinstance(alpha, Value) and alpha == 1):
         return y
-    return L.b.binary("multiply", y, L.full(alpha, y.shape, y.dtype))
+    return L.b.binary("multiply", y, L.to(L.full(alpha, y.shape, alpha_dtype), y.dtype))
 
 
 @register(aten.add.Tensor, aten.add.Scalar)
 def add(L: NodeLowering, x: Any, y: Any, alpha: Any = 1) -> Value:
-    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    out = L.out[0].dtype
+    x, y = (L.to(v, _opmath(out)) for v in L.promote(x, y, dtype=out))
     if x.dtype is torch.bool:  # x + alpha*y on bools: x or (alpha and y)
         if alpha is not None and not isinstance(alpha, Value) and not alpha:
             return x
         if isinstance(alpha, Value):
             y = L.b.binary("and", y, L.broadcast_to(L.to(alpha, torch.bool), y.shape))
         return L.b.binary("or", x, y)
-    return L.b.binary("add", x, _scaled(L, y, alpha))
+    return L.to(L.b.binary("add", x, _scaled(L, y, alpha, out)), out)
 
 
 @register(aten.sub.Tensor, aten.sub.Scalar, aten.rsub.Tensor, aten.rsub.Scalar)
 def sub(L: NodeLowering, x: Any, y: Any, alpha: Any = 1) -> Value:
     if L.op in (aten.rsub.Tensor, aten.rsub.Scalar):
         x, y = y, x
-        x, y = L.promote(x, y, dtype=L.out[0].dtype)
-        return L.b.binary("subtract", x, _scaled(L, y, alpha))
-    x, y = L.promote(x, y, dtype=L.out[0].dtype)
-    return L.b.binary("subtract", x, _scaled(L, y, alpha))
+    out = L.out[0].dtype
+    x, y = (L.to(v, _opmath(out)) for v in L.promote(x, y, dtype=out))
+    return L.to(L.b.binary("subtract", x, _scaled(L, y, alpha, out)), out)
 
 
 @register(aten.mul.Tensor, aten.mul.Scalar)
 def mul(L: NodeLowering, x: Any, y: Any) -> Value:
-    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    out = L.out[0].dtype
+    x, y = L.promote(x, y, dtype=_opmath(out))
     if x.dtype is torch.bool:
         return L.b.binary("and", x, y)
-    return L.b.binary("multiply", x, y)
+    return L.to(L.b.binary("multiply", x, y), out)
 
 
 @register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div(L: NodeLowering, x: Any, y: Any, rounding_mode: str | None = None) -> Value:
     out = L.out[0].dtype
     if rounding_mode is None:
-        x, y = L.promote(x, y, dtype=out)
-        return L.b.binary("divide", x, y)
+        x, y = L.promote(x, y, dtype=_opmath(out))
+        return L.to(L.b.binary("divide", x, y), out)
+    if _opmath(out) is not out:
+        return L.to(_div_rounded(L, *L.promote(x, y, dtype=torch.float32), rounding_mode), out)
     x, y = L.promote(x, y, dtype=out)
+    return _div_rounded(L, x, y, rounding_mode)
+
+
+def _div_rounded(L: NodeLowering, x: Value, y: Value, rounding_mode: str) -> Value:
+    out = x.dtype
     if not is_float(out):
         q = L.b.binary("divide", x, y)  # integer division truncates toward zero
         if rounding_mode == "trunc":
@@ -493,7 +511,7 @@ def addcmul(L: NodeLowering, x: Value, t1: Value, t2: Value, value: Any = 1) -> 
     out = L.out[0].dtype
     x, t1, t2 = L.promote(x, t1, t2, dtype=acc_dtype(out))
     b = L.b
-    return L.to(b.binary("add", x, b.binary("multiply", _scaled(L, t1, value), t2)), out)
+    return L.to(b.binary("add", x, b.binary("multiply", _scaled(L, t1, value, t1.dtype), t2)), out)
 
 
 @register(aten.addcdiv.default)
@@ -502,7 +520,7 @@ def addcdiv(L: NodeLowering, x: Value, t1: Value, t2: Value, value: Any = 1) -> 
     out = L.out[0].dtype
     x, t1, t2 = L.promote(x, t1, t2, dtype=acc_dtype(out))
     b = L.b
-    return L.to(b.binary("add", x, b.binary("divide", _scaled(L, t1, value), t2)), out)
+    return L.to(b.binary("add", x, b.binary("divide", _scaled(L, t1, value, t1.dtype), t2)), out)
 
 
 @register(aten.lerp.Scalar, aten.lerp.Tensor)
