@@ -378,3 +378,24 @@ def test_a_failed_flush_poisons_its_tensors_instead_of_returning_stale_data(monk
         with pytest.raises(TpuError, match="failed earlier"):
             (y + 1).cpu()
         assert (x * 2).cpu().tolist() == (x.cpu() * 2).tolist()  # the device is fine
+
+
+def test_16bit_chain_rounds_like_eager_in_every_mode():
+    """A fused program rounds each 16-bit op's result as eager does (XLA's excess
+    precision is off): DeferAndFuse and torch.compile give eager's bits. With it on, one
+    element of this chain differed by a bf16 ulp (0.0078)."""
+    torch.manual_seed(0)
+    args = [torch.randn(4, 8), torch.randn(16, 8), torch.randn(16), torch.randn(3, 16), torch.randn(3)]
+
+    def f(x, w1, b1, w2, b2):
+        h = torch.tanh(torch.nn.functional.linear(x, w1, b1) * 0.7 + 0.1)
+        return torch.nn.functional.linear(h, w2, b2).sigmoid() * 3.0
+
+    on_tpu = [t.to(TPU).bfloat16() for t in args]
+    eager = f(*on_tpu).cpu()
+    with torchtpu.eager_mode("defer_and_fuse"):
+        deferred = f(*on_tpu).cpu()
+    compiled = torch.compile(f, backend="tpu")(*on_tpu).cpu()
+    assert torch.equal(deferred, eager)
+    assert torch.equal(compiled, eager)
+    assert torch.equal(eager, f(*[t.bfloat16() for t in args]))  # and the CPU's

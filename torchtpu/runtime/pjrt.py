@@ -20,6 +20,13 @@ import numpy as np
 from ..errors import TpuPlatformError, TpuRuntimeError
 from . import platforms
 
+# XLA debug options every program is compiled with. XLA by default lets a fused program
+# skip the float32 -> bfloat16 -> float32 round trips between 16-bit ops ("excess
+# precision"), so a DeferAndFuse or compiled program would round differently from the same
+# ops run one by one (eager, and PyTorch on the CPU or CUDA). Off: all three modes give the
+# eager numbers.
+COMPILE_OVERRIDES: dict[str, bool] = {"xla_allow_excess_precision": False}
+
 
 class _NoJax:
     """Fails ``import jax`` instantly when jax is not installed.
@@ -132,6 +139,7 @@ class Runtime:
     def compile(self, text: str, what: str) -> Executable:
         opts = self._xc.CompileOptions()
         opts.device_assignment = self._xc.DeviceAssignment.create(np.array([[self.device.id]]))
+        opts.env_option_overrides = list(COMPILE_OVERRIDES.items())
         try:
             return self.client.compile_and_load(text, self._device_list, opts)
         except Exception as e:  # noqa: BLE001 - JaxRuntimeError / ValueError from the MLIR parser
@@ -171,7 +179,8 @@ class Runtime:
 
     def compile_options_fingerprint(self) -> str:
         """What besides the program text decides the executable (part of disk-cache keys)."""
-        return f"{self.device_name()}|replicas=1|XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}"
+        overrides = ",".join(f"{k}={v}" for k, v in COMPILE_OVERRIDES.items())
+        return f"{self.device_name()}|replicas=1|{overrides}|XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}"
 
     @property
     def jaxlib_version(self) -> str:
