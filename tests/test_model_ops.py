@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from utils import TPU, assert_close, check
+from utils import TPU, assert_close, check, check_refereed
 
 import torchtpu.metrics as metrics
 
@@ -98,7 +98,9 @@ def test_sdpa_errors():
     with pytest.raises(RuntimeError, match="dtype"):
         F.scaled_dot_product_attention(q, q.double(), q)
     with pytest.raises(RuntimeError, match="must divide"):  # 4 query heads, 3 key/value heads
-        F.scaled_dot_product_attention(q, torch.randn(1, 3, 3, 8, device=TPU), torch.randn(1, 3, 3, 8, device=TPU), enable_gqa=True)
+        F.scaled_dot_product_attention(
+            q, torch.randn(1, 3, 3, 8, device=TPU), torch.randn(1, 3, 3, 8, device=TPU), enable_gqa=True
+        )
     with pytest.raises(RuntimeError, match="attn_mask"):  # the CPU's in-place add cannot grow the scores
         F.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(1, 1, 4, 3, 3, device=TPU))
     with pytest.raises(RuntimeError, match="broadcast"):
@@ -107,7 +109,7 @@ def test_sdpa_errors():
 
 def test_sdpa_bf16():
     q, k, v = (r(2, 2, 6, 8, dtype=torch.bfloat16) for _ in range(3))
-    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v, atol=2e-2, rtol=2e-2)
+    check_refereed(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)
 
 
 def test_sdpa_is_one_fused_program():
@@ -140,10 +142,90 @@ def test_sdpa_reaches_fused_rules(monkeypatch):
     assert seen == [SDPA_FORWARD, SDPA_BACKWARD]
 
 
-def test_sdpa_dropout_is_random_but_finite():
-    q = torch.randn(2, 2, 8, 8, device=TPU)
-    out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
-    assert out.shape == q.shape and torch.isfinite(out.cpu()).all()
+# Dropout inside sdpa is random, so it is tested by what holds for every mask. q = 0 makes the
+# attention weights uniform (exactly 1/S for S a power of two); k = v = I (E = S) makes the
+# output the dropped weights themselves, mask / (S (1 - p)), so the mask is read back from it.
+# Each test runs on the CPU too: the assertions hold for PyTorch's own kernel.
+DROP_P, DROP_S, DROP_ROWS = 0.5, 256, (1, 4, 256)  # 1024 query rows over 256 keys
+DEVICES = ["cpu", "tpu"]
+
+
+def _dropout_inputs(device: str, grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    b, h, L = DROP_ROWS
+    eye = torch.eye(DROP_S, device=device).expand(b, h, DROP_S, DROP_S)
+    q = torch.zeros(b, h, L, DROP_S, device=device)
+    return q.requires_grad_(grad), eye.clone().requires_grad_(grad), eye.clone().requires_grad_(grad)
+
+
+def _dropped_weights(device: str) -> torch.Tensor:
+    return F.scaled_dot_product_attention(*_dropout_inputs(device), dropout_p=DROP_P, scale=1.0).cpu()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sdpa_dropout_scales_kept_weights(device):
+    """Each kept weight is 1/S scaled by 1/(1-p); the dropped fraction is p.
+
+    The mask holds M = 1024 * 256 independent Bernoulli(p) draws, so the dropped fraction has
+    standard deviation sqrt(p (1-p) / M) = 1/1024 at p = 0.5; the bound is 6 of those
+    (a false failure has probability ~2e-9)."""
+    w = _dropped_weights(device)
+    kept = w != 0
+    torch.testing.assert_close(w[kept], torch.full_like(w[kept], 1 / (DROP_S * (1 - DROP_P))), rtol=0, atol=0)
+    sigma = math.sqrt(DROP_P * (1 - DROP_P) / w.numel())
+    assert abs((~kept).float().mean().item() - DROP_P) <= 6 * sigma
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sdpa_dropout_keeps_the_mean(device):
+    """With v = 1, a row's output is K / (S (1-p)) with K ~ Binomial(S, 1-p) kept weights: mean 1,
+    variance p / (S (1-p)). The mean over N = 1024 independent rows has standard deviation
+    sqrt(p / (S (1-p) N)) = 1/512 at p = 0.5, S = 256; the bound is 6 of those. A missing
+    1/(1-p) scale gives 0.5."""
+    q, k, _ = _dropout_inputs(device)
+    v = torch.ones(*DROP_ROWS[:2], DROP_S, 8, device=device)
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=DROP_P, scale=1.0).cpu()
+    rows = out[..., 0]
+    assert torch.equal(out, rows.unsqueeze(-1).expand_as(out))  # one mask per row, shared by the columns
+    sigma = math.sqrt(DROP_P / (DROP_S * (1 - DROP_P) * rows.numel()))
+    assert abs(rows.mean().item() - 1) <= 6 * sigma
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sdpa_dropout_masks_follow_the_seed(device):
+    """Two calls draw different masks; reseeding with torch.manual_seed repeats a mask."""
+    torch.manual_seed(7)
+    first, second = _dropped_weights(device), _dropped_weights(device)
+    torch.manual_seed(7)
+    again = _dropped_weights(device)
+    assert not torch.equal(first, second)
+    assert torch.equal(first, again)
+
+
+def test_sdpa_dropout_zero_is_no_dropout():
+    q, k, v = (torch.randn(2, 2, 5, 8) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q, k, v)
+    out = F.scaled_dot_product_attention(q.to(TPU), k.to(TPU), v.to(TPU), dropout_p=0.0)
+    assert torch.equal(out.cpu(), F.scaled_dot_product_attention(q.to(TPU), k.to(TPU), v.to(TPU)).cpu())
+    assert_close(out, ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sdpa_dropout_backward_uses_the_forward_mask(device):
+    """Backward goes through the mask the forward drew, scaled by 1/(1-p).
+
+    With q = 0, k = v = I and scale 1: out = D (the dropped weights), so grad_v = D^T g; the
+    weights' gradient is mask * g / (1-p), and through the uniform softmax (1/S) and k = I,
+    grad_q = (G - mean over keys of G) / S with G = mask * g / (1-p); grad_k = 0 since q = 0.
+    g holds small integers, so every value is exact in float32."""
+    q, k, v = _dropout_inputs(device, grad=True)
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=DROP_P, scale=1.0)
+    g = torch.randint(-3, 4, out.shape).float()
+    gq, gk, gv = torch.autograd.grad(out, (q, k, v), g.to(device))
+    d, g64 = out.detach().cpu().double(), g.double()
+    G = (d != 0) * g64 / (1 - DROP_P)
+    torch.testing.assert_close(gq.cpu(), ((G - G.mean(-1, keepdim=True)) / DROP_S).float())
+    torch.testing.assert_close(gv.cpu(), (d.mT @ g64).float())
+    assert not gk.cpu().any()
 
 
 def test_sdpa_inference_mode():
@@ -215,7 +297,9 @@ def test_scatter_family():
     idx = torch.randint(0, 4, (4, 5))
     check(lambda x, i, s: x.scatter_add(0, i, s), x, idx, src)
     for red in ("sum", "prod", "mean", "amax", "amin"):
-        check(lambda x, i, s, red=red: x.scatter_reduce(0, i, s, red, include_self=False), x, idx, src, grad=red in ("sum", "mean"))
+        check(
+            lambda x, i, s, red=red: x.scatter_reduce(0, i, s, red, include_self=False), x, idx, src, grad=red in ("sum", "mean")
+        )
     i1 = torch.tensor([0, 2, 2, 3])
     check(lambda x, i, s: x.index_add(0, i, s, alpha=2.0), x, i1, r(4, 5))
     i2 = torch.tensor([1, 1, 4, 0])
@@ -228,7 +312,7 @@ def test_scatter_family():
 def _with_ties_and_nans(*shape, dtype=torch.float32):
     x = torch.randint(-3, 4, shape).to(dtype)
     flat = x.view(-1)
-    flat[:: 5] = float("nan") if dtype.is_floating_point else flat[::5]
+    flat[::5] = float("nan") if dtype.is_floating_point else flat[::5]
     return x
 
 
@@ -348,7 +432,9 @@ def test_embedding_bag_per_sample_weights():
     idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0])
     offsets = torch.tensor([0, 2, 5])
     check(lambda w, p, i, o: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p), w, psw, idx, offsets, **TOL)
-    check(lambda w, p, i, o: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p, padding_idx=2), w, psw, idx, offsets, **TOL)
+    check(
+        lambda w, p, i, o: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p, padding_idx=2), w, psw, idx, offsets, **TOL
+    )
 
 
 def test_embedding_bag_module():
