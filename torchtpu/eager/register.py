@@ -68,6 +68,10 @@ def _make_kernel(op: torch._ops.OpOverload) -> Any:
     return kernel
 
 
+def _has_kernel(qualified: str, key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key)
+
+
 def supported_ops() -> list[torch._ops.OpOverload]:
     """Every aten overload the eager path can run: it (or its functional variant) has a
     rule or a decomposition, and the dispatcher would not decompose it before us."""
@@ -92,7 +96,10 @@ def supported_ops() -> list[torch._ops.OpOverload]:
         stem = name[:-1] if name.endswith("_") else name
         if name not in supported_packets and stem not in supported_packets and stem + "_functional" not in supported_packets:
             continue
-        if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeImplicitAutograd"):
+        # A composite runs on tpu as its parts, like on CUDA; but where the CPU has its own
+        # kernel (silu_backward, mish_backward: a fused 16-bit-in-float32 computation), we
+        # take the op whole, so its lowering can round once as that kernel does.
+        if _has_kernel(qualified, "CompositeImplicitAutograd") and not _has_kernel(qualified, "CPU"):
             continue
         try:
             op = getattr(getattr(torch.ops.aten, name), overload or "default")

@@ -2,24 +2,60 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from copy import copy as _shallow_copy
 from typing import Any
 
 import torch
 
 from ...stablehlo.builder import Value
 from ...stablehlo.types import is_complex, is_float, is_unsigned
-from ..context import NodeLowering
+from ..context import NodeLowering, ScalarValue, TensorSpec
 from ..registry import register
 from .reduction import acc_dtype
 
 aten = torch.ops.aten
 prims = torch.ops.prims
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def _compute_dtype(L: NodeLowering, *args: Any) -> torch.dtype:
     """Float ops on integer tensors compute in the output's float dtype."""
     return L.out[0].dtype
+
+
+# PyTorch's CPU kernels compute 16-bit float math in float32 ("opmath") and round once.
+def _opmath(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in _HALF else dtype
+
+
+def in_opmath(rule: Any) -> Any:
+    """``rule`` computed in float32 when its outputs are 16-bit floats, rounded once at the
+    end, as PyTorch's CPU kernels do for fused elementwise math (tanh_backward's
+    ``float(g) * (1 - float(y) * float(y))``): the rule sees float32 inputs and outputs.
+    Other dtypes run the rule unchanged."""
+
+    @functools.wraps(rule)
+    def wrapped(L: NodeLowering, *args: Any, **kwargs: Any) -> Any:
+        if not any(s is not None and s.dtype in _HALF for s in L.out):
+            return rule(L, *args, **kwargs)
+        wide = _shallow_copy(L)
+        wide.out = [None if s is None else TensorSpec(s.shape, _opmath(s.dtype)) for s in L.out]
+        result = rule(wide, *(_widen(L, a) for a in args), **{k: _widen(L, v) for k, v in kwargs.items()})
+        if isinstance(result, Value):
+            return L.to(result, L.out[0].dtype)
+        specs = iter(L.out)
+        return type(result)(r if r is None else L.to(r, next(specs).dtype) for r in result)
+
+    return wrapped
+
+
+def _widen(L: NodeLowering, v: Any) -> Any:
+    """A 16-bit float tensor operand as float32 (Python numbers and device scalars stay)."""
+    if isinstance(v, Value) and not isinstance(v, ScalarValue) and v.dtype in _HALF:
+        return L.to(v, torch.float32)
+    return v
 
 
 # -- unary ops that map 1:1 onto a StableHLO/CHLO op ------------------------------------------
@@ -68,8 +104,9 @@ def _unary(hlo: str, int_ok: bool) -> Any:
                 return x
             return L.b.op1(hlo, [x], x.shape, x.dtype)
         x = L.to(x, out)
-        if x.dtype in (torch.float16, torch.bfloat16) and hlo.startswith("chlo."):
-            # CHLO expansions are inaccurate in 16-bit; compute in f32 like PyTorch's opmath.
+        if out in _HALF and not int_ok:
+            # The CPU computes 16-bit math functions in float32 and rounds once (XLA's own fp16
+            # logistic was 1.7x farther from float64, and CHLO expansions are inaccurate in 16 bits).
             return L.to(L.b.op1(hlo, [L.to(x, torch.float32)], x.shape, torch.float32), out)
         return L.b.op1(hlo, [x], x.shape, out)
 
@@ -81,6 +118,7 @@ for _packet, _hlo in _UNARY_HLO.items():
 
 
 @register(aten.reciprocal.default)
+@in_opmath
 def reciprocal(L: NodeLowering, x: Value) -> Value:
     x = L.to(x, L.out[0].dtype)
     return L.b.binary("divide", L.full(1, x.shape, x.dtype), x)
@@ -109,6 +147,7 @@ def frac(L: NodeLowering, x: Value) -> Value:
 
 
 @register(aten.log2.default, aten.log10.default)
+@in_opmath
 def log_base(L: NodeLowering, x: Value) -> Value:
     import math
 
@@ -118,6 +157,7 @@ def log_base(L: NodeLowering, x: Value) -> Value:
 
 
 @register(aten.exp2.default)
+@in_opmath
 def exp2(L: NodeLowering, x: Value) -> Value:
     x = L.to(x, L.out[0].dtype)
     return L.b.binary("power", L.full(2, x.shape, x.dtype), x)
@@ -173,10 +213,6 @@ def isfinite(L: NodeLowering, x: Value) -> Value:
 # by 0.1f, not by bf16(0.1) = 0.10009765625: they read the scalar's original value); add
 # and sub round a scalar operand and ``alpha`` to the tensor's dtype first (TensorIterator's
 # common dtype; ``alpha.to<scalar_t>()``), then compute in float32. The rules do the same.
-def _opmath(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 def _scaled(L: NodeLowering, y: Value, alpha: Any, alpha_dtype: torch.dtype) -> Value:
     """``alpha * y``, with ``alpha`` rounded to ``alpha_dtype`` (the result's dtype)."""
     if alpha is None or (not isinstance(alpha, Value) and alpha == 1):
@@ -258,7 +294,9 @@ def _floor_divide_float(L: NodeLowering, x: Value, y: Value) -> Value:
     div = L.b.select(fix, L.b.binary("subtract", div, L.full(1, x.shape, x.dtype)), div)
     floor = L.b.unary("floor", div)
     half = L.full(0.5, x.shape, x.dtype)
-    floor = L.b.select(L.b.compare(L.b.binary("subtract", div, floor), half, "GT"), L.b.binary("add", floor, L.full(1, x.shape, x.dtype)), floor)
+    floor = L.b.select(
+        L.b.compare(L.b.binary("subtract", div, floor), half, "GT"), L.b.binary("add", floor, L.full(1, x.shape, x.dtype)), floor
+    )
     plain = L.b.binary("divide", x, y)
     return L.b.select(L.b.compare(div, zero, "EQ"), L.b.binary("multiply", L.b.unary("sign", plain), zero), floor)
 
@@ -416,29 +454,34 @@ def relu(L: NodeLowering, x: Value) -> Value:
 
 
 @register(aten.gelu.default)
-def gelu(L: NodeLowering, x: Value, approximate: str = "none") -> Value:
-    dtype = x.dtype
-    xf = L.to(x, torch.float32) if dtype in (torch.float16, torch.bfloat16) else x
+@in_opmath
+def gelu(L: NodeLowering, xf: Value, approximate: str = "none") -> Value:
     b = L.b
 
     def c(v: float) -> Value:
         return L.full(v, xf.shape, xf.dtype)
 
     if approximate == "tanh":
-        inner = b.binary("multiply", c(0.7978845608028654), b.binary("add", xf, b.binary("multiply", c(0.044715), b.binary("multiply", xf, b.binary("multiply", xf, xf)))))
+        inner = b.binary(
+            "multiply",
+            c(0.7978845608028654),
+            b.binary("add", xf, b.binary("multiply", c(0.044715), b.binary("multiply", xf, b.binary("multiply", xf, xf)))),
+        )
         y = b.binary("multiply", b.binary("multiply", c(0.5), xf), b.binary("add", c(1.0), b.unary("tanh", inner)))
     else:
         erf = b.chlo("erf", b.binary("multiply", xf, c(0.7071067811865476)))
         y = b.binary("multiply", b.binary("multiply", c(0.5), xf), b.binary("add", c(1.0), erf))
-    return L.to(y, dtype)
+    return y
 
 
 @register(aten.silu.default)
+@in_opmath
 def silu(L: NodeLowering, x: Value) -> Value:
     return L.b.binary("multiply", x, L.b.unary("logistic", x))
 
 
 @register(aten.leaky_relu.default)
+@in_opmath
 def leaky_relu(L: NodeLowering, x: Value, negative_slope: Any = 0.01) -> Value:
     zero = L.zeros(x.shape, x.dtype)
     return L.b.select(L.b.compare(x, zero, "GT"), x, L.b.binary("multiply", x, L.full(negative_slope, x.shape, x.dtype)))
@@ -463,6 +506,7 @@ def threshold_backward(L: NodeLowering, grad: Value, x: Value, threshold: Any) -
 
 
 @register(aten.softplus.default)
+@in_opmath
 def softplus(L: NodeLowering, x: Value, beta: Any = 1, threshold: Any = 20) -> Value:
     b = L.b
     bx = b.binary("multiply", x, L.full(beta, x.shape, x.dtype)) if (isinstance(beta, Value) or beta != 1) else x
@@ -473,6 +517,7 @@ def softplus(L: NodeLowering, x: Value, beta: Any = 1, threshold: Any = 20) -> V
 
 
 @register(aten.elu.default)
+@in_opmath
 def elu(L: NodeLowering, x: Value, alpha: Any = 1, scale: Any = 1, input_scale: Any = 1) -> Value:
     b = L.b
     xs = b.binary("multiply", x, L.full(input_scale, x.shape, x.dtype))
@@ -484,6 +529,7 @@ def elu(L: NodeLowering, x: Value, alpha: Any = 1, scale: Any = 1, input_scale: 
 # Complex backwards multiply by the conjugate of the derivative (PyTorch's convention for
 # the gradient of a real loss through a holomorphic function).
 @register(aten.sigmoid_backward.default)
+@in_opmath
 def sigmoid_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
     from .complex import conj
 
@@ -493,6 +539,7 @@ def sigmoid_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
 
 
 @register(aten.tanh_backward.default)
+@in_opmath
 def tanh_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
     from .complex import conj
 
@@ -627,8 +674,11 @@ def digamma(L: NodeLowering, x: Any) -> Value:
     b = L.b
     zero = L.zeros(x.shape, work)
     r = b.op1("chlo.digamma", [x], x.shape, work)
-    at_zero = b.select(b.op1("stablehlo.is_finite", [b.binary("divide", L.full(1.0, x.shape, work), x)], x.shape, torch.bool),
-                       zero, b.binary("divide", L.full(-1.0, x.shape, work), x))  # 1/x is +-inf exactly at +-0
+    at_zero = b.select(
+        b.op1("stablehlo.is_finite", [b.binary("divide", L.full(1.0, x.shape, work), x)], x.shape, torch.bool),
+        zero,
+        b.binary("divide", L.full(-1.0, x.shape, work), x),
+    )  # 1/x is +-inf exactly at +-0
     return L.to(b.select(b.compare(x, zero, "EQ"), at_zero, r), out)
 
 
@@ -681,7 +731,9 @@ def _hurwitz_zeta(L: NodeLowering, s: float, x: Value) -> Value:
     b = L.b
     dt, shape, n = x.dtype, x.shape, _ZETA_SHIFT
     full = lambda v, sh=shape: L.full(v, sh, dt)  # noqa: E731
-    L.check(b.compare(x, full(-float(n)), "LT"), f"polygamma/zeta of inputs below -{n} is not supported on tpu; compute it on the CPU")
+    L.check(
+        b.compare(x, full(-float(n)), "LT"), f"polygamma/zeta of inputs below -{n} is not supported on tpu; compute it on the CPU"
+    )
     m = b.clamp(full(0.0), b.unary("ceil", b.unary("negate", x)), full(float(n)))
     shifted = b.binary("add", x, m)
     z = b.op1("chlo.zeta", [full(s), shifted], shape, dt)
@@ -708,11 +760,11 @@ def signbit(L: NodeLowering, x: Value) -> Value:
 
 
 @register(aten.hypot.default, prims.hypot.default)
+@in_opmath
 def hypot(L: NodeLowering, x: Any, y: Any) -> Value:
     """sqrt(x^2 + y^2) without overflow: m * sqrt(1 + (n/m)^2), m = max(|x|, |y|)."""
     b = L.b
-    out = L.out[0].dtype
-    work = torch.float32 if out in (torch.float16, torch.bfloat16) else out
+    work = L.out[0].dtype
     x, y = L.promote(x, y, dtype=work)
     ax, ay = b.unary("abs", x), b.unary("abs", y)
     m, n = b.binary("maximum", ax, ay), b.binary("minimum", ax, ay)
@@ -721,8 +773,7 @@ def hypot(L: NodeLowering, x: Any, y: Any) -> Value:
     r = b.binary("divide", n, b.select(m_is_zero, one, m))
     res = b.binary("multiply", m, b.unary("sqrt", b.binary("add", one, b.binary("multiply", r, r))))
     inf = L.full(float("inf"), m.shape, work)
-    res = b.select(b.compare(m, inf, "EQ"), inf, res)  # hypot(inf, nan) is inf
-    return L.to(res, out)
+    return b.select(b.compare(m, inf, "EQ"), inf, res)  # hypot(inf, nan) is inf
 
 
 @register(aten.round.decimals)
@@ -741,19 +792,62 @@ def round_decimals(L: NodeLowering, x: Value, decimals: int = 0) -> Value:
 # prims that PyTorch's decompositions (torch._refs) emit and that mean exactly their aten op
 # for same-dtype operands (prims.div and prims.remainder differ on integers: not here).
 _PRIMS_AS_ATEN = {
-    name: (getattr(prims, name).default, getattr(aten, aname).default if "." not in aname else getattr(getattr(aten, aname.split(".")[0]), aname.split(".")[1]))
+    name: (
+        getattr(prims, name).default,
+        getattr(aten, aname).default if "." not in aname else getattr(getattr(aten, aname.split(".")[0]), aname.split(".")[1]),
+    )
     for name, aname in {
-        "abs": "abs", "neg": "neg", "exp": "exp", "expm1": "expm1", "log": "log", "log1p": "log1p",
-        "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh", "sin": "sin", "cos": "cos", "tan": "tan",
-        "floor": "floor", "ceil": "ceil", "sign": "sign", "erf": "erf", "erf_inv": "erfinv",
-        "lgamma": "lgamma", "digamma": "digamma", "asin": "asin", "acos": "acos", "atan": "atan",
-        "sinh": "sinh", "cosh": "cosh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
-        "trunc": "trunc", "exp2": "exp2", "log2": "log2", "log10": "log10", "bitwise_not": "bitwise_not",
-        "isfinite": "isfinite", "add": "add.Tensor", "sub": "sub.Tensor", "mul": "mul.Tensor",
-        "atan2": "atan2", "pow": "pow.Tensor_Tensor", "maximum": "maximum", "minimum": "minimum",
-        "eq": "eq.Tensor", "ne": "ne.Tensor", "lt": "lt.Tensor", "le": "le.Tensor", "gt": "gt.Tensor",
-        "ge": "ge.Tensor", "bitwise_and": "bitwise_and.Tensor", "bitwise_or": "bitwise_or.Tensor",
-        "bitwise_xor": "bitwise_xor.Tensor", "fmod": "fmod.Tensor", "where": "where.self",
+        "abs": "abs",
+        "neg": "neg",
+        "exp": "exp",
+        "expm1": "expm1",
+        "log": "log",
+        "log1p": "log1p",
+        "sqrt": "sqrt",
+        "rsqrt": "rsqrt",
+        "tanh": "tanh",
+        "sin": "sin",
+        "cos": "cos",
+        "tan": "tan",
+        "floor": "floor",
+        "ceil": "ceil",
+        "sign": "sign",
+        "erf": "erf",
+        "erf_inv": "erfinv",
+        "lgamma": "lgamma",
+        "digamma": "digamma",
+        "asin": "asin",
+        "acos": "acos",
+        "atan": "atan",
+        "sinh": "sinh",
+        "cosh": "cosh",
+        "asinh": "asinh",
+        "acosh": "acosh",
+        "atanh": "atanh",
+        "trunc": "trunc",
+        "exp2": "exp2",
+        "log2": "log2",
+        "log10": "log10",
+        "bitwise_not": "bitwise_not",
+        "isfinite": "isfinite",
+        "add": "add.Tensor",
+        "sub": "sub.Tensor",
+        "mul": "mul.Tensor",
+        "atan2": "atan2",
+        "pow": "pow.Tensor_Tensor",
+        "maximum": "maximum",
+        "minimum": "minimum",
+        "eq": "eq.Tensor",
+        "ne": "ne.Tensor",
+        "lt": "lt.Tensor",
+        "le": "le.Tensor",
+        "gt": "gt.Tensor",
+        "ge": "ge.Tensor",
+        "bitwise_and": "bitwise_and.Tensor",
+        "bitwise_or": "bitwise_or.Tensor",
+        "bitwise_xor": "bitwise_xor.Tensor",
+        "fmod": "fmod.Tensor",
+        "where": "where.self",
     }.items()
     if hasattr(prims, name)
 }
