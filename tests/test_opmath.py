@@ -252,3 +252,23 @@ def test_16bit_silu_mish_backward_round_once(op, dtype):
     rounds each step: 2x farther from float64."""
     inputs = [t.to(dtype) for t in _grad_x(torch.Generator().manual_seed(0))]
     assert torch.equal(op(*(t.to(TPU) for t in inputs)).cpu(), op(*inputs))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_scatter_add_sums_like_the_cpu(dtype):
+    """Updates that collide on one element are summed in float32 and rounded once: summed
+    in 16 bits (in XLA's order) cummax's bf16 gradient was 1.4x farther from float64 than
+    the CPU's (0.0659 vs 0.0464); now scatter_add/index_add/index_put give the CPU's bits."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, generator=gen).to(dtype)
+    src = torch.randn(4, 64, generator=gen).to(dtype)
+    index = torch.randint(0, 8, (4, 64), generator=gen)
+    rows = torch.randint(0, 8, (200,), generator=gen)
+    updates = torch.randn(4, 200, generator=gen).to(dtype)
+    t = lambda v: v.to(TPU)  # noqa: E731
+    assert torch.equal(x.to(TPU).scatter_add(1, t(index), t(src)).cpu(), x.scatter_add(1, index, src))
+    assert torch.equal(x.to(TPU).index_add(1, t(rows), t(updates)).cpu(), x.index_add(1, rows, updates))
+    assert torch.equal(
+        x.to(TPU).index_put((t(rows % 4), t(rows)), t(updates[0]), accumulate=True).cpu(),
+        x.index_put((rows % 4, rows), updates[0], accumulate=True),
+    )

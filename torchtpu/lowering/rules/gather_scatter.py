@@ -56,7 +56,12 @@ def _combiner(L: NodeLowering, kind: str | None, dtype: torch.dtype) -> Combine:
     if kind in ("add", "sum", "mean"):
         if dtype is torch.bool:
             return lambda o, n: b.binary("or", o, n)
-        return lambda o, n: b.binary("add", o, n)
+
+        def add(o: Value, n: Value) -> Value:
+            return b.binary("add", o, n)
+
+        add.sums = True  # type: ignore[attr-defined]
+        return add
     if kind in ("multiply", "prod"):
         if dtype is torch.bool:
             return lambda o, n: b.binary("and", o, n)
@@ -86,8 +91,19 @@ def _full_index(L: NodeLowering, index: Value, dim: int) -> Value:
     return b.concatenate(cols, index.rank)
 
 
+def _summing_16bit(x: Value, combine: Combine) -> bool:
+    """A scatter that adds into a 16-bit float tensor: several updates may land on one
+    element, and adding them in 16 bits rounds after every add (in an order XLA picks);
+    the sums are taken in float32 and rounded once instead (at least as close to float64
+    as the CPU's sequential 16-bit adds)."""
+    return getattr(combine, "sums", False) and x.dtype in (torch.float16, torch.bfloat16)
+
+
 def _scatter_elements(L: NodeLowering, x: Value, dim: int, index: Value, src: Value, combine: Combine) -> Value:
     """scatter along ``dim`` (torch.scatter semantics): x[..., index[i], ...] op= src[i]."""
+    if _summing_16bit(x, combine):
+        wide = _scatter_elements(L, L.to(x, torch.float32), dim, index, L.to(src, torch.float32), combine)
+        return L.to(wide, x.dtype)
     if index.rank == 0:
         index = L.b.reshape(index, (1,) * max(x.rank, 1))
         src = L.b.reshape(src, (1,) * max(x.rank, 1)) if src.rank == 0 else src
@@ -106,6 +122,9 @@ def _scatter_elements(L: NodeLowering, x: Value, dim: int, index: Value, src: Va
 
 def _scatter_rows(L: NodeLowering, x: Value, dim: int, index: Value, updates: Value, combine: Combine) -> Value:
     """x.index_*(dim, index, updates): ``updates`` is x's shape with ``dim`` of len(index)."""
+    if _summing_16bit(x, combine):
+        wide = _scatter_rows(L, L.to(x, torch.float32), dim, index, L.to(updates, torch.float32), combine)
+        return L.to(wide, x.dtype)
     b = L.b
     x0 = x
     if x.rank == 0:
