@@ -111,7 +111,8 @@ def arange(L: NodeLowering, *args: Any, **kwargs: Any) -> Value:
 
 def _linspace_values(L: NodeLowering, start: Any, end: Any, steps: int, cdt: torch.dtype) -> Value:
     """PyTorch's symmetric linspace: start + i*step for the first half, end - (n-1-i)*step
-    after. For an integer result the CPU first converts start and end to it (truncating)."""
+    after, in ``cdt``. For an integer result the CPU first converts start and end to it
+    (truncating); floats take the exact path of ``_float_linspace``."""
     b = L.b
     shape = (steps,)
     out = L.out[0].dtype
@@ -128,17 +129,130 @@ def _linspace_values(L: NodeLowering, start: Any, end: Any, steps: int, cdt: tor
     s, e = scalar(start), scalar(end)
     if steps == 1:
         return s
-    # the divisor goes through an optimization barrier: XLA would turn the division by a
-    # constant into a multiplication by its rounded reciprocal, and linspace(50, 1, 50) in
-    # int64 would truncate 1 + 24 * 0.999... to 24 where the CPU's exact step gives 25
-    (n,) = b.op("stablehlo.optimization_barrier", [b.constant(steps - 1, cdt)], [((), cdt)])
-    step = b.binary("divide", b.binary("subtract", e, s), b.broadcast_in_dim(n, shape, []))
+    step = b.binary("divide", b.binary("subtract", e, s), _opaque_count(L, steps - 1, shape, cdt))
     idx = b.iota(shape, 0, cdt)
     lo = b.binary("add", s, b.binary("multiply", step, idx))
     rev = b.binary("subtract", L.full(steps - 1, shape, cdt), idx)
     hi = b.binary("subtract", e, b.binary("multiply", step, rev))
-    first_half = b.compare(idx, L.full(steps // 2, shape, cdt), "LT")
-    return b.select(first_half, lo, hi)
+    return b.select(_first_half(L, steps), lo, hi)
+
+
+def _opaque_count(L: NodeLowering, n: int, shape: tuple[int, ...], dtype: torch.dtype) -> Value:
+    """The constant ``n`` behind an optimization barrier: XLA would turn a division by a
+    constant into a multiplication by its rounded reciprocal, and linspace(50, 1, 50) in
+    int64 would truncate 1 + 24 * 0.999... to 24 where the CPU's exact step gives 25."""
+    b = L.b
+    (c,) = b.op("stablehlo.optimization_barrier", [_as_scalar_t(L, n, dtype)], [((), dtype)])
+    return b.broadcast_in_dim(c, shape, [])
+
+
+def _first_half(L: NodeLowering, steps: int) -> Value:
+    """Where the CPU counts up from start (the rest counts down from end)."""
+    idx = L.b.iota((steps,), 0, torch.int64)
+    return L.b.compare(idx, L.full(steps // 2, (steps,), torch.int64), "LT")
+
+
+# (exponent bits, mantissa bits) of c10::Half and c10::BFloat16
+_HALF_BITS = {torch.float16: (5, 10), torch.bfloat16: (8, 7)}
+_HALF_TYPES = tuple(_HALF_BITS)
+
+
+def _round_half(L: NodeLowering, x: Value, dtype: torch.dtype) -> Value:
+    """Round the float32 ``x`` to ``dtype`` (a 16-bit float) and keep it in float32.
+
+    c10::Half/BFloat16 arithmetic computes each operation in float and rounds its result.
+    Plain 16-bit ops (or converts to 16 bits and back) do not always reproduce that on
+    XLA's CPU backend: it can fuse a float16 multiply and add into one operation (a single
+    rounding; 15 of linspace(-2, 1, 50)'s 50 elements differed).
+    stablehlo.reduce_precision keeps every rounding but flushes float16 subnormals to
+    zero, so those (|x| < 2**-14) round to a multiple of 2**-24 by hand."""
+    b = L.b
+    exp, man = _HALF_BITS[dtype]
+    attrs = f"exponent_bits = {exp} : i32, mantissa_bits = {man} : i32"
+    rounded = b.op1("stablehlo.reduce_precision", [x], x.shape, x.dtype, attrs)
+    if dtype is not torch.float16:
+        return rounded
+    scaled = b.unary("round_nearest_even", b.binary("multiply", x, L.full(2.0**24, x.shape, x.dtype)))
+    subnormal = b.binary("multiply", scaled, L.full(2.0**-24, x.shape, x.dtype))
+    tiny = b.compare(b.unary("abs", x), L.full(2.0**-14, x.shape, x.dtype), "LT")
+    return b.select(tiny, subnormal, rounded)
+
+
+def _as_scalar_t(L: NodeLowering, x: Any, dtype: torch.dtype) -> Value:
+    """``Scalar::to<scalar_t>()`` of a float ``dtype`` as a 0-d Value; a 16-bit one comes
+    back rounded but held in float32. c10::Half and c10::BFloat16 are built from a float,
+    so a double rounds to float first, then to 16 bits (as here)."""
+    if isinstance(x, Value):
+        x = L.b.reshape(x, ()) if x.rank else x
+        if dtype in _HALF_TYPES:
+            return _round_half(L, L.to(x, torch.float32), dtype)
+        return L.to(x, dtype)
+    if dtype in _HALF_TYPES:
+        return _round_half(L, L.scalar(x, torch.float32), dtype)
+    return L.scalar(x, dtype)
+
+
+def _float_linspace(L: NodeLowering, start: Any, end: Any, steps: int) -> Value:
+    """The CPU's linspace kernel for a floating result, in its scalar_t: start and end
+    converted to scalar_t, ``step = (end - start) / (steps - 1)``, then ``start + step * i``
+    for i < steps // 2 and ``end - step * (steps - i - 1)`` after."""
+    dt = L.out[0].dtype
+    if dt is torch.float64 and not L.ctx.supports_f64:
+        dt = torch.float32
+    shape = (steps,)
+    s = L.b.broadcast_in_dim(_as_scalar_t(L, start, dt), shape, [])
+    if steps == 1:
+        return s
+    e = L.b.broadcast_in_dim(_as_scalar_t(L, end, dt), shape, [])
+    idx = L.b.iota(shape, 0, torch.int64)
+    rev = L.b.binary("subtract", L.full(steps - 1, shape, torch.int64), idx)
+    if dt in _HALF_TYPES:
+        lo, hi = _half_linspace_halves(L, s, e, idx, rev, steps, dt)
+    else:
+        lo, hi = _fused_linspace_halves(L, s, e, idx, rev, steps, dt)
+    return L.b.select(_first_half(L, steps), lo, hi)
+
+
+def _half_linspace_halves(
+    L: NodeLowering, s: Value, e: Value, idx: Value, rev: Value, steps: int, dt: torch.dtype
+) -> tuple[Value, Value]:
+    """16-bit linspace: every c10 operation rounds to 16 bits, and ``step * i`` converts
+    the int64 i to 16 bits first (``operator*(BFloat16, int64_t)``), so the result is not
+    the float64 linspace rounded once."""
+    b = L.b
+
+    def rnd(v: Value) -> Value:
+        return _round_half(L, v, dt)
+
+    def count(i: Value) -> Value:
+        return rnd(L.to(i, torch.float32))
+
+    n = _opaque_count(L, steps - 1, s.shape, torch.float32)
+    step = rnd(b.binary("divide", rnd(b.binary("subtract", e, s)), rnd(n)))
+    lo = rnd(b.binary("add", s, rnd(b.binary("multiply", step, count(idx)))))
+    hi = rnd(b.binary("subtract", e, rnd(b.binary("multiply", step, count(rev)))))
+    return lo, hi
+
+
+def _fused_linspace_halves(
+    L: NodeLowering, s: Value, e: Value, idx: Value, rev: Value, steps: int, dt: torch.dtype
+) -> tuple[Value, Value]:
+    """float32/float64 linspace. The CPU's kernels are compiled with floating-point
+    contraction, so ``start + step * i`` is one fused multiply-add (a single rounding); a
+    float32 one is emulated in float64 (the product is exact there). A float64 one (or a
+    float32 one without float64) is left to XLA, which may or may not fuse it: it can
+    differ from the CPU by an ulp."""
+    b = L.b
+    step = b.binary("divide", b.binary("subtract", e, s), _opaque_count(L, steps - 1, s.shape, dt))
+    wide = torch.float64 if dt is torch.float32 and L.ctx.supports_f64 else dt
+
+    def w(v: Value) -> Value:
+        return L.to(v, wide)
+
+    i, r = w(L.to(idx, dt)), w(L.to(rev, dt))
+    lo = L.to(b.binary("add", w(s), b.binary("multiply", w(step), i)), dt)
+    hi = L.to(b.binary("subtract", w(e), b.binary("multiply", w(step), r)), dt)
+    return lo, hi
 
 
 @register(aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor)
@@ -146,9 +260,55 @@ def linspace(L: NodeLowering, start: Any, end: Any, steps: int, **kwargs: Any) -
     out = L.out[0]
     if steps == 0:
         return L.zeros(out.shape, out.dtype)
+    if is_float(out.dtype):
+        return L.to(_float_linspace(L, start, end, steps), out.dtype)
     cdt = torch.float64 if L.ctx.supports_f64 else torch.float32
     # integer linspace: PyTorch also computes in double and truncates on conversion
     return L.to(_linspace_values(L, start, end, steps, cdt), out.dtype)
+
+
+def _from_double(L: NodeLowering, x: Value, dtype: torch.dtype) -> Value:
+    """A double stored into a scalar_t: through float for the 16-bit types (their only
+    constructor takes a float)."""
+    return L.to(L.to(x, torch.float32), dtype) if dtype in _HALF_TYPES else L.to(x, dtype)
+
+
+def _logspace_exponents(L: NodeLowering, start: Any, end: Any, steps: int, cdt: torch.dtype) -> Value:
+    """The CPU's real logspace exponents, in double: start and end converted to scalar_t,
+    ``step = double(end - start) / (steps - 1)`` with ``end - start`` computed in scalar_t,
+    then ``start + step * i`` or ``end - step * (steps - i - 1)``."""
+    b = L.b
+    dt = L.out[0].dtype
+    shape = (steps,)
+    if is_float(dt):
+        sdt = torch.float32 if dt is torch.float64 and cdt is torch.float32 else dt
+        s, e = _as_scalar_t(L, start, sdt), _as_scalar_t(L, end, sdt)
+        diff = b.binary("subtract", e, s)
+        diff = L.to(_round_half(L, diff, sdt) if sdt in _HALF_TYPES else diff, cdt)
+    else:
+        # integers: C++ promotes int8/int16/uint8 to int for the subtraction; int64 holds it
+        s, e = (_int_scalar(L, x, dt) for x in (start, end))
+        diff = L.to(b.binary("subtract", L.to(e, torch.int64), L.to(s, torch.int64)), cdt)
+    s = b.broadcast_in_dim(L.to(s, cdt), shape, [])
+    e = b.broadcast_in_dim(L.to(e, cdt), shape, [])
+    step = b.binary("divide", b.broadcast_in_dim(diff, shape, []), _opaque_count(L, steps - 1, shape, cdt))
+    idx = b.iota(shape, 0, torch.int64)
+    rev = b.binary("subtract", L.full(steps - 1, shape, torch.int64), idx)
+    # the CPU rounds step * i before adding (RangeFactories.cpp is built without
+    # floating-point contraction); XLA's CPU backend may fuse the two (one rounding), which
+    # can move a float64 exponent by an ulp
+    lo = b.binary("add", s, b.binary("multiply", step, L.to(idx, cdt)))
+    hi = b.binary("subtract", e, b.binary("multiply", step, L.to(rev, cdt)))
+    return b.select(_first_half(L, steps), lo, hi)
+
+
+def _int_scalar(L: NodeLowering, x: Any, dtype: torch.dtype) -> Value:
+    """``Scalar::to<scalar_t>()`` for an integer scalar_t (a float truncates). A Python
+    number stays in int64: one out of scalar_t's range is an error on the CPU."""
+    if isinstance(x, Value):
+        x = L.b.reshape(x, ()) if x.rank else x
+        return L.to(x, dtype)
+    return L.scalar(math.trunc(x), torch.int64)
 
 
 @register(aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor)
@@ -157,12 +317,20 @@ def logspace(L: NodeLowering, start: Any, end: Any, steps: int, base: Any = 10.0
     if steps == 0:
         return L.zeros(out.shape, out.dtype)
     cdt = torch.float64 if L.ctx.supports_f64 else torch.float32
-    exps = _linspace_values(L, start, end, steps, cdt)
+    shape = (steps,)
+    if is_complex(out.dtype):
+        exps = _linspace_values(L, start, end, steps, cdt)
+    elif steps == 1:
+        # the CPU fills pow(base, start) with start as a double, not converted to scalar_t
+        s = start if isinstance(start, Value) else L.scalar(start, cdt)
+        exps = L.broadcast_to(L.to(L.b.reshape(s, ()) if s.rank else s, cdt), shape)
+    else:
+        exps = _logspace_exponents(L, start, end, steps, cdt)
     if isinstance(base, Value):
         base_v = L.broadcast_to(L.to(base, cdt), exps.shape)
     else:
         base_v = L.full(base, exps.shape, cdt)
-    return L.to(L.b.binary("power", base_v, exps), out.dtype)
+    return _from_double(L, L.b.binary("power", base_v, exps), out.dtype)
 
 
 @register(aten.eye.default, aten.eye.m)

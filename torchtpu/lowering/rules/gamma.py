@@ -1,6 +1,7 @@
 """Regularized incomplete gamma functions igamma (P) and igammac (Q): a port of PyTorch's
 CPU kernels ``calc_igamma`` / ``calc_igammac`` (aten/src/ATen/native/Math.h, themselves
-SciPy's/Cephes' algorithms).
+SciPy's/Cephes' algorithms). Also Math.h's Hurwitz ``zeta`` and ``calc_polygamma`` (n >= 2),
+at the end of the file.
 
 Each element takes one of four algorithms, chosen as the CPU chooses it from (a, x): the
 power series of P (DLMF 8.11.4), the series of Q (8.7.3), the continued fraction of Q
@@ -16,6 +17,9 @@ the one with respect to a is not implemented by PyTorch either.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +30,7 @@ import torch
 from ...stablehlo.builder import Value
 from ..context import NodeLowering
 from ..registry import register
+from .elementwise import _trigamma, digamma
 from .polynomials import Expr
 
 aten = torch.ops.aten
@@ -39,6 +44,8 @@ _BIG = {torch.float64: 4.503599627370496e15, torch.float32: 16777216.0}
 _BIGINV = {torch.float64: 2.22044604925031308085e-16, torch.float32: 5.9604644775390625e-8}
 _MAXITER = 2000
 _LANCZOS_G = 6.024680040776729583740234375
+# the coefficient tables keep Math.h's layout
+# fmt: off
 _LANCZOS_NUM = (
     0.006061842346248906525783753964555936883222, 0.5098416655656676188125178644804694509993,
     19.51992788247617482847860966235652136208, 449.9445569063168119446858607650988409623,
@@ -223,6 +230,7 @@ _ASYMPTOTIC_D = (
      -1.4510726927018646e+1, 1.1111771248100563e+1, -4.1690817945270892, 3.1008219800117808e-3, 1.1220095449981468,
      -7.6052379926149916e-1, 3.6262236505085254e-1, 2.216867741940747e-1, 4.8683443692930507e-1),
 )
+# fmt: on
 
 
 def _masked_loop(
@@ -464,3 +472,184 @@ def igamma(L: NodeLowering, a: Any, x: Any) -> Value:
 @register(aten.igammac.default, prims.igammac.default)
 def igammac(L: NodeLowering, a: Any, x: Any) -> Value:
     return _incomplete_gamma(L, a, x, lower=False)
+
+
+# -- Hurwitz zeta and polygamma ---------------------------------------------------------------
+# These rules replace the ones elementwise.py registers for the same ops (the rule modules
+# load in name order, so gamma.py's registration wins): chlo.zeta works in the input's
+# precision and gives NaN/+inf where the CPU gives a number, and a shifted chlo.zeta for
+# negative q cancels catastrophically (polygamma(4, -8.5) in float32 was 9% off).
+
+# A[i] of the Euler-Maclaurin tail in Math.h's zeta
+_ZETA_A = (
+    12.0,
+    -720.0,
+    30240.0,
+    -1209600.0,
+    47900160.0,
+    -1.8924375803183791606e9,
+    7.47242496e10,
+    -2.950130727918164224e12,
+    1.1646782814350067249e14,
+    -4.5979787224074726105e15,
+    1.8152105401943546773e17,
+    -7.1661652561756670113e18,
+)
+_ZETA_MACHEP = 1.11022302462515654042e-16  # acc_t{...}: the same literal for a float acc_t
+# the direct sum runs until q + i > 9 (or a term is negligible): a non-integer q below
+# -2**24 (float64 only) would loop for as long on the CPU; here it is refused
+_ZETA_MAX_TERMS = 2**24
+_HALF_FLOATS = (torch.float16, torch.bfloat16)
+
+
+def _zeta_acc_dtype(L: NodeLowering, scalar_t: torch.dtype) -> torch.dtype:
+    """``at::acc_type<scalar_t, /*is_cuda=*/false>``: double for float and double, float
+    for the 16-bit types (float where the platform has no float64)."""
+    if scalar_t in _HALF_FLOATS or not L.ctx.supports_f64:
+        return torch.float32
+    return torch.float64
+
+
+def _cephes_zeta(e: Expr, x: Value, q: Value, scalar_t: torch.dtype) -> Value:
+    """Math.h's ``zeta<scalar_t>(x, q)`` (Cephes) in the accumulate dtype ``e.dtype``, with
+    x and q holding scalar_t values: the direct sum of (q + i)^-x until q + i > 9 (at least
+    9 terms, fewer where a term is negligible), then the Euler-Maclaurin tail. Its first
+    term is ``std::pow(q, -x)`` of two scalar_t: a float for float (and for the 16-bit
+    types, which convert to float), even where the sum is in double."""
+    L, b = e.L, e.b
+    machep = e.c(_ZETA_MACHEP)
+    neg_x = e.neg(x)
+    first = b.binary("power", q, neg_x)
+    if scalar_t is not torch.float64 and e.dtype is torch.float64:
+        first = L.to(L.to(first, torch.float32), e.dtype)
+    edges = _zeta_edges(e, x, q)
+    regular = e.not_(functools.reduce(e.either, [p for p, _ in edges]))
+
+    def direct(i: Value, neg_x: Value, a: Value, term: Value, s: Value, done: Value) -> tuple[list[Value], Value]:
+        # while ((i < 9) || (a <= 9)) { i += 1; a += 1; b = pow(a, -x); s += b; if (tiny) return s; }
+        going = e.either(b.broadcast_in_dim(b.compare(i, b.constant(9, I64), "LT"), e.shape, []), e.cmp(a, 9.0, "LE"))
+        a1 = e.add(a, e.c(1.0))
+        term1 = b.binary("power", a1, neg_x)
+        s1 = e.add(s, term1)
+        tiny = e.both(e.cmp(e.mul(e.neg(machep), s1), term1, "LT"), e.cmp(term1, e.mul(machep, s1), "LT"))
+        new = [e.sel(going, v1, v0) for v1, v0 in ((a1, a), (term1, term), (s1, s))]
+        return [*new, e.both(going, tiny)], e.either(e.not_(going), tiny)
+
+    carried = [q, e.c(0.0), first, e.c(False, torch.bool)]
+    a, term, s, done = _masked_loop(e, regular, [neg_x], carried, direct, 0, _ZETA_MAX_TERMS + 16)
+    s = e.sel(done, s, _zeta_tail(e, x, a, term, s))
+    for pred, v in reversed(edges):
+        s = e.sel(pred, v, s)
+    return s
+
+
+def _zeta_edges(e: Expr, x: Value, q: Value) -> list[tuple[Value, Value]]:
+    """(where, value) of Math.h zeta's early returns, first match winning, and the inputs
+    refused here (see _ZETA_MAX_TERMS), which get NaN and a device-side error."""
+    nonpositive = e.cmp(q, 0.0, "LE")
+    edges = [
+        (e.cmp(x, 1.0, "EQ"), e.c(math.inf)),
+        (e.cmp(x, 1.0, "LT"), e.c(math.nan)),
+        (e.both(nonpositive, e.cmp(q, e.un("floor", q), "EQ")), e.c(math.inf)),  # a pole
+        (e.both(nonpositive, e.cmp(x, e.un("floor", x), "NE")), e.c(math.nan)),
+    ]
+    regular = e.not_(functools.reduce(e.either, [p for p, _ in edges]))
+    too_far = e.both(regular, e.cmp(q, -float(_ZETA_MAX_TERMS), "LT"))
+    e.L.check(too_far, f"zeta/polygamma of q below -{_ZETA_MAX_TERMS} is not supported on tpu; compute it on the CPU")
+    return [*edges, (too_far, e.c(math.nan))]
+
+
+def _zeta_tail(e: Expr, x: Value, w: Value, term: Value, s: Value) -> Value:
+    """The Euler-Maclaurin tail of Math.h's zeta after the direct sum stopped at w = q + i:
+    up to 12 terms, stopping after the first negligible one."""
+    machep = e.c(_ZETA_MACHEP)
+    one = e.c(1.0)
+    s = e.add(s, e.div(e.mul(term, w), e.sub(x, one)))
+    s = e.sub(s, e.mul(e.c(0.5), term))
+    a, k, done = one, e.c(0.0), e.c(False, torch.bool)
+    for coeff in _ZETA_A:
+        a = e.mul(a, e.add(x, k))
+        term = e.div(term, w)
+        t = e.div(e.mul(a, term), e.c(coeff))
+        s1 = e.add(s, t)
+        s = e.sel(done, s, s1)
+        done = e.either(done, e.cmp(e.abs(e.div(t, s1)), machep, "LT"))
+        k = e.add(k, one)
+        a = e.mul(a, e.add(x, k))
+        term = e.div(term, w)
+        k = e.add(k, one)
+    return s
+
+
+@register(aten.special_zeta.default, prims.zeta.default)
+def zeta(L: NodeLowering, x: Any, q: Any) -> Value:
+    """The CPU's zeta kernel (float and double; integer inputs promote to float32): Math.h's
+    algorithm in its accumulate type, so float32 inputs compute in float64."""
+    out = L.out[0]
+    x, q = L.promote(x, q, dtype=out.dtype, shape=out.shape)
+    acc = _zeta_acc_dtype(L, out.dtype)
+    e = Expr(L, out.shape, acc)
+    return L.to(_cephes_zeta(e, L.to(x, acc), L.to(q, acc), out.dtype), out.dtype)
+
+
+@functools.cache
+def _libm() -> Any:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    except OSError:
+        return None
+
+
+def _c_math(name: str, v: float, single: bool) -> float:
+    """C's ``lgamma``/``exp`` (``lgammaf``/``expf`` when ``single``) of ``v``, from the C
+    library PyTorch's CPU kernels call; Python's math where it cannot be loaded."""
+    m = _libm()
+    if m is None:
+        return getattr(math, name)(v)
+    fn = getattr(m, name + ("f" if single else ""))
+    ctype = ctypes.c_float if single else ctypes.c_double
+    fn.argtypes, fn.restype = [ctype], ctype
+    return fn(v)
+
+
+def _round_to(v: float, dtype: torch.dtype) -> float:
+    return torch.tensor(v, dtype=torch.float32).to(dtype).item()
+
+
+def _polygamma_factor(n: int, scalar_t: torch.dtype) -> float:
+    """calc_polygamma's ``(n odd ? 1 : -1) * exp(lgamma(scalar_t(n) + 1))``: double's lgamma
+    and exp for double, float's for the others (a 16-bit ``n + 1`` is rounded to 16 bits,
+    then converts to float)."""
+    sign = 1.0 if n % 2 else -1.0
+    if scalar_t is torch.float64:
+        return sign * _c_math("exp", _c_math("lgamma", n + 1.0, single=False), single=False)
+    arg = _round_to(n, scalar_t) + 1.0
+    if scalar_t in _HALF_FLOATS:
+        arg = _round_to(arg, scalar_t)
+    return sign * _c_math("exp", _c_math("lgamma", arg, single=True), single=True)
+
+
+@register(aten.polygamma.default, aten.special_polygamma.default)
+def polygamma(L: NodeLowering, n: int, x: Any) -> Value:
+    """n = 0: digamma; n = 1: trigamma (elementwise.py's rules); n >= 2: the CPU's
+    calc_polygamma, ``factor * zeta<scalar_t>(n + 1, x)``. For the 16-bit types zeta
+    accumulates in float and returns its sum rounded to 16 bits; the product is in float
+    and rounds once more."""
+    if n <= 1:
+        return digamma(L, x) if n == 0 else _trigamma_rule(L, x)
+    out = L.out[0]
+    scalar_t = out.dtype
+    (x,) = L.promote(x, dtype=scalar_t)
+    acc = _zeta_acc_dtype(L, scalar_t)
+    e = Expr(L, out.shape, acc)
+    z = L.to(_cephes_zeta(e, e.c(float(n + 1)), L.to(x, acc), scalar_t), scalar_t)
+    work = torch.float32 if scalar_t in _HALF_FLOATS else scalar_t
+    product = L.b.binary("multiply", L.full(_polygamma_factor(n, scalar_t), out.shape, work), L.to(z, work))
+    return L.to(product, scalar_t)
+
+
+def _trigamma_rule(L: NodeLowering, x: Any) -> Value:
+    out = L.out[0].dtype
+    work = torch.float32 if out in _HALF_FLOATS else out
+    (x,) = L.promote(x, dtype=work)
+    return L.to(_trigamma(L, x), out)
