@@ -650,21 +650,6 @@ def nextafter(L: NodeLowering, x: Any, y: Any) -> Value:
     return L.b.op1("chlo.next_after", [x, y], x.shape, x.dtype)
 
 
-@register(aten.special_zeta.default, prims.zeta.default)
-def zeta(L: NodeLowering, x: Any, q: Any) -> Value:
-    """chlo.zeta, with the CPU's value at the poles: q a non-positive integer (and x > 1)
-    gives +inf, where chlo.zeta gives NaN."""
-    out = L.out[0].dtype
-    work = acc_dtype(out)
-    x, q = L.promote(x, q, dtype=work)
-    b = L.b
-    value = b.op1("chlo.zeta", [x, q], x.shape, work)
-    zero = L.zeros(q.shape, work)
-    pole = b.binary("and", b.compare(q, zero, "LE"), b.compare(q, b.unary("floor", q), "EQ"))
-    pole = b.binary("and", pole, b.compare(x, L.full(1, x.shape, work), "GT"))
-    return L.to(b.select(pole, L.full(float("inf"), x.shape, work), value), out)
-
-
 @register(aten.digamma.default, aten.special_digamma.default)
 def digamma(L: NodeLowering, x: Any) -> Value:
     """chlo.digamma, with the CPU kernel's values at zero: digamma(+-0) = -+inf."""
@@ -702,48 +687,7 @@ def _trigamma(L: NodeLowering, x: Value) -> Value:
     return mul(sign, add(result, tail))
 
 
-@register(aten.polygamma.default, aten.special_polygamma.default)
-def polygamma(L: NodeLowering, n: int, x: Any) -> Value:
-    """n = 0: digamma; n = 1: the CPU's trigamma algorithm; n >= 2: (-1)^(n+1) n! zeta(n+1, x)
-    (PyTorch's CPU identity), with the signed infinity the CPU returns at the poles."""
-    if n == 0:
-        return digamma(L, x)
-    out = L.out[0].dtype
-    work = torch.float32 if out in (torch.float16, torch.bfloat16) else out
-    (x,) = L.promote(x, dtype=work)
-    if n == 1:
-        return L.to(_trigamma(L, x), out)
-    b = L.b
-    sign = -1.0 if n % 2 == 0 else 1.0
-    r = b.binary("multiply", _hurwitz_zeta(L, float(n + 1), x), L.full(sign * math.factorial(n), x.shape, work))
-    pole = b.binary("and", b.compare(x, L.zeros(x.shape, work), "LE"), b.compare(b.unary("floor", x), x, "EQ"))
-    return L.to(b.select(pole, L.full(sign * math.inf, x.shape, work), r), out)
-
-
-_ZETA_SHIFT = 64  # negative arguments down to -64 are shifted into CHLO's accurate range
-
-
-def _hurwitz_zeta(L: NodeLowering, s: float, x: Value) -> Value:
-    """zeta(s, x) = sum_{k<m} (x+k)^-s + zeta(s, x+m): CHLO's zeta is accurate for x > 0
-    only, so a negative x is shifted up by m = ceil(-x) (at most _ZETA_SHIFT terms, summed
-    as one vectorised reduction). Below -_ZETA_SHIFT a device-side check reports the
-    input instead of returning a wrong number."""
-    b = L.b
-    dt, shape, n = x.dtype, x.shape, _ZETA_SHIFT
-    full = lambda v, sh=shape: L.full(v, sh, dt)  # noqa: E731
-    L.check(
-        b.compare(x, full(-float(n)), "LT"), f"polygamma/zeta of inputs below -{n} is not supported on tpu; compute it on the CPU"
-    )
-    m = b.clamp(full(0.0), b.unary("ceil", b.unary("negate", x)), full(float(n)))
-    shifted = b.binary("add", x, m)
-    z = b.op1("chlo.zeta", [full(s), shifted], shape, dt)
-    wide = tuple(shape) + (n,)
-    k = b.iota(wide, len(shape), dt)
-    xs = b.binary("add", b.broadcast_in_dim(x, wide, list(range(len(shape)))), k)
-    terms = b.binary("power", xs, full(-s, wide))
-    terms = b.select(b.compare(k, b.broadcast_in_dim(m, wide, list(range(len(shape)))), "LT"), terms, full(0.0, wide))
-    (head,) = b.reduce([terms], [b.constant(0.0, dt)], [len(shape)], lambda acc, t: [b.binary("add", acc, t)])
-    return b.binary("add", head, z)
+# polygamma and zeta: gamma.py (ports of the CPU's algorithms).
 
 
 @register(aten.signbit.default, prims.signbit.default)

@@ -475,8 +475,7 @@ def igammac(L: NodeLowering, a: Any, x: Any) -> Value:
 
 
 # -- Hurwitz zeta and polygamma ---------------------------------------------------------------
-# These rules replace the ones elementwise.py registers for the same ops (the rule modules
-# load in name order, so gamma.py's registration wins): chlo.zeta works in the input's
+# Ports of the CPU's algorithms rather than chlo.zeta: chlo.zeta works in the input's
 # precision and gives NaN/+inf where the CPU gives a number, and a shifted chlo.zeta for
 # negative q cancels catastrophically (polygamma(4, -8.5) in float32 was 9% off).
 
