@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from torchtpu.testing.opinfo import summed_error
+
 TPU = torch.device("tpu")
 
 
@@ -89,10 +91,8 @@ def to_float64(x: Any) -> Any:
 
 
 def _distance(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """Summed absolute difference from ``ref``; equal values (NaN with NaN, inf with inf) count 0."""
-    x, ref = x.to(torch.float64), ref.to(torch.float64)
-    same = (x == ref) | (x.isnan() & ref.isnan())
-    return torch.where(same, 0.0, (x - ref).abs()).sum().item()
+    """Summed absolute difference from ``ref`` (the conformance harness's float64 referee)."""
+    return summed_error([x], [ref])
 
 
 def assert_close_or_closer(actual: Any, expected: Any, reference: Any) -> None:

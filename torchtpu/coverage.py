@@ -135,7 +135,8 @@ def _opinfo_lines(results: list[Any], md: bool) -> list[str]:
     else:
         lines = ["OpInfo conformance (tpu vs CPU):", "  " + "".join(f"{h:>9}" for h in head)]
         lines += ["  " + "".join(f"{x:>9}" for x in r) for r in rows]
-    bad = [r for r in results if r.status in ("fail", "xfail")]
+    lines += _kind_lines(results, md) + _refereed_lines(results, md)
+    bad = [r for r in results if r.status in ("fail", "xfail", "xpass")]
     if bad:
         lines += ["", "### Failures and expected failures" if md else "", ""]
         if md:
@@ -144,6 +145,41 @@ def _opinfo_lines(results: list[Any], md: bool) -> list[str]:
         else:
             lines += [f"  {r.op_id}-{r.dtype}-{r.mode:<8} {r.status:<6} {r.detail[:160]}" for r in bad]
     lines.append("")
+    return lines
+
+
+def _kind_lines(results: list[Any], md: bool) -> list[str]:
+    """Expected failures and failures by kind (missing lowering, error, metadata, values)."""
+    counts = collections.Counter((r.status, r.kind) for r in results if r.status in ("fail", "xfail"))
+    if not counts:
+        return []
+    head = ["", "### Failing cases by kind" if md else "Failing cases by kind:", ""]
+    if md:
+        rows = ["| status | kind | cases |", "|---|---|---|"]
+        return head + rows + [f"| {s} | {k} | {n} |" for (s, k), n in sorted(counts.items())]
+    return head + [f"  {s:<6} {k:<9} {n:>5}" for (s, k), n in sorted(counts.items())]
+
+
+def _refereed_lines(results: list[Any], md: bool) -> list[str]:
+    """The cases with samples that differ from the CPU beyond the tolerance but are at least
+    as close to the float64 result as the CPU's (so they pass)."""
+    refereed = [r for r in results if getattr(r, "refereed", None)]
+    if not refereed:
+        return []
+    n = sum(len(r.refereed) for r in refereed)
+    title = f"Passed by the float64 referee: {n} samples in {len(refereed)} cases"
+    lines = ["", f"### {title}" if md else title + ":", ""]
+    if md:
+        lines += ["| case | samples | max abs diff vs CPU | summed error vs float64: tpu / CPU |", "|---|---|---|---|"]
+    for r in refereed:
+        worst = max(r.refereed, key=lambda x: x["max_abs"])
+        cells = [
+            f"`{r.op_id}-{r.dtype}-{r.mode}`" if md else f"{r.op_id}-{r.dtype}-{r.mode}",
+            str(len(r.refereed)),
+            f"{worst['max_abs']:.3g}",
+            f"{worst['tpu_f64']:.3g} / {worst['cpu_f64']:.3g}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |" if md else "  " + "  ".join(cells))
     return lines
 
 

@@ -23,8 +23,22 @@ BUILD = os.path.join(ROOT, "build")
 def run_shard(i: int, n: int) -> tuple[int, str]:
     """Run shard ``i`` of ``n``; returns (exit status, the last test it started)."""
     env = dict(os.environ, TORCHTPU_OPINFO_SHARD=f"{i}/{n}")
-    cmd = [sys.executable, "-X", "faulthandler", "-m", "pytest", "tests/test_opinfo.py", "-rN",
-           "-p", "no:cacheprovider", "-m", "slow", "-k", "test_opinfo and not quick", "-v"]
+    cmd = [
+        sys.executable,
+        "-X",
+        "faulthandler",
+        "-m",
+        "pytest",
+        "tests/test_opinfo.py",
+        "-rN",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "slow",
+        "-k",
+        "test_opinfo and not quick",
+        "-v",
+    ]
     last = ""
     with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
         assert p.stdout is not None

@@ -1,0 +1,35 @@
+"""The dtype and variant sweep of the OpInfo conformance run (part of ``make test``): the
+first sample of every op forward in bfloat16, int64 and uint8 (16-bit floats, signed and
+unsigned integers: the dtype classes whose kernels differ most from float32's), plus the
+in-place and ``out=`` variants in float32, so that (say) a uint8 kernel returning zeros
+cannot land. Same rules as tests/test_opinfo.py; results in ``build/opinfo-sweep.json``.
+Its own file, so pytest-xdist runs it beside the quick run.
+
+Sized to keep ``make test`` under 15 minutes on 2 cores (about 2,000 cases, 4-5 minutes of
+one core): float16, float64, int8, bool and complex forward and 16-bit gradients (another
+2,900 cases, about 7 minutes) run in ``make test-ops``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from opinfo_check import Results
+
+from torchtpu.testing import opinfo
+
+SWEEP_SAMPLES = 1
+SWEEP_DTYPES = (torch.bfloat16, torch.int64, torch.uint8)
+SWEEP = opinfo.cases(SWEEP_DTYPES, ("fwd",)) + opinfo.cases([torch.float32], ("inplace", "out"))
+_RESULTS = Results("sweep")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_results():
+    yield
+    _RESULTS.write()
+
+
+@pytest.mark.parametrize("case", SWEEP, ids=[c.id for c in SWEEP])
+def test_opinfo_sweep(case: opinfo.Case) -> None:
+    _RESULTS.check(case, SWEEP_SAMPLES)
