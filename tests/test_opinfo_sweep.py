@@ -3,7 +3,9 @@ first sample of every op forward in bfloat16, int64 and uint8 (16-bit floats, si
 unsigned integers: the dtype classes whose kernels differ most from float32's), plus the
 in-place and ``out=`` variants in float32, so that (say) a uint8 kernel returning zeros
 cannot land. Same rules as tests/test_opinfo.py; results in ``build/opinfo-sweep.json``.
-Its own file, so pytest-xdist runs it beside the quick run.
+Split over three files (this one: bfloat16; test_opinfo_sweep_int.py: int64 and uint8;
+test_opinfo_sweep_variants.py: in-place and out=) so pytest-xdist, which keeps a file on
+one worker, can balance them against the quick run.
 
 Sized to keep ``make test`` under 15 minutes on 2 cores (about 2,000 cases, 4-5 minutes of
 one core): float16, float64, int8, bool and complex forward and 16-bit gradients (another
@@ -19,9 +21,8 @@ from opinfo_check import Results
 from torchtpu.testing import opinfo
 
 SWEEP_SAMPLES = 1
-SWEEP_DTYPES = (torch.bfloat16, torch.int64, torch.uint8)
-SWEEP = opinfo.cases(SWEEP_DTYPES, ("fwd",)) + opinfo.cases([torch.float32], ("inplace", "out"))
-_RESULTS = Results("sweep")
+SWEEP = opinfo.cases([torch.bfloat16], ("fwd",))
+_RESULTS = Results("sweep-bf16")
 
 
 @pytest.fixture(scope="module", autouse=True)
