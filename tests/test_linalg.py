@@ -279,6 +279,9 @@ def test_lstsq_vector_rhs_and_default_driver():
 
 @pytest.mark.parametrize("driver", ["gelsy", "gelsd", "gelss"])
 def test_lstsq_rank_deficient(driver):
+    # seeded: on some random draws the third singular value is small enough that the CPU's
+    # own gelsy estimates rank 2 (seen once in CI, [2, 3] on the CPU against tpu's [3, 3])
+    torch.manual_seed(0)
     a = torch.randn(2, 6, 4, dtype=F64)
     a[..., 3] = a[..., 0] + a[..., 1]  # rank 3
     b = torch.randn(2, 6, 2, dtype=F64)
