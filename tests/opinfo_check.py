@@ -4,6 +4,8 @@ a pytest outcome, and writing each file's results to ``build/opinfo-<name>.json`
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -42,3 +44,20 @@ class Results:
                 "python -m torchtpu.testing.record_failures and say why in expected_failures.py XFAIL)",
                 pytrace=False,
             )
+
+
+def conformance_test(name: str, cases: list[opinfo.Case], samples: int | None) -> tuple[Any, Any]:
+    """A test module's parametrized conformance test over ``cases`` and the autouse fixture
+    that writes its results to ``build/opinfo-<name>.json``; assign both at module level."""
+    results = Results(name)
+
+    @pytest.fixture(scope="module", autouse=True)
+    def write_results() -> Iterator[None]:
+        yield
+        results.write()
+
+    @pytest.mark.parametrize("case", cases, ids=[c.id for c in cases])
+    def test(case: opinfo.Case) -> None:
+        results.check(case, samples)
+
+    return write_results, test

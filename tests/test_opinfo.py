@@ -23,7 +23,7 @@ import os
 
 import pytest
 import torch
-from opinfo_check import Results
+from opinfo_check import conformance_test
 
 from torchtpu.testing import opinfo
 
@@ -31,26 +31,9 @@ QUICK_SAMPLES = 2
 QUICK = opinfo.cases([torch.float32], ("fwd",))  # the gradients: tests/test_opinfo_grad.py
 FULL = opinfo.shard(opinfo.cases(None, opinfo.MODES), os.environ.get("TORCHTPU_OPINFO_SHARD"))
 _SHARD_SUFFIX = os.environ.get("TORCHTPU_OPINFO_SHARD", "").replace("/", "of")
-_QUICK = Results("quick")
-_FULL = Results(f"full-shard{_SHARD_SUFFIX}" if _SHARD_SUFFIX else "full")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _write_results():
-    yield
-    _QUICK.write()
-    _FULL.write()
-
-
-@pytest.mark.parametrize("case", QUICK, ids=[c.id for c in QUICK])
-def test_opinfo_quick(case: opinfo.Case) -> None:
-    _QUICK.check(case, QUICK_SAMPLES)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", FULL, ids=[c.id for c in FULL])
-def test_opinfo(case: opinfo.Case) -> None:
-    _FULL.check(case, None)
+_write_quick, test_opinfo_quick = conformance_test("quick", QUICK, QUICK_SAMPLES)
+_write_full, test_opinfo = conformance_test(f"full-shard{_SHARD_SUFFIX}" if _SHARD_SUFFIX else "full", FULL, None)
+test_opinfo = pytest.mark.slow(test_opinfo)
 
 
 def test_expected_failure_keys_name_real_cases() -> None:

@@ -4,23 +4,11 @@ so pytest-xdist can run it beside the forward half."""
 
 from __future__ import annotations
 
-import pytest
 import torch
-from opinfo_check import Results
+from opinfo_check import conformance_test
 
 from torchtpu.testing import opinfo
 
 QUICK_SAMPLES = 2
 QUICK_GRAD = opinfo.cases([torch.float32], ("grad",))
-_RESULTS = Results("quick-grad")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _write_results():
-    yield
-    _RESULTS.write()
-
-
-@pytest.mark.parametrize("case", QUICK_GRAD, ids=[c.id for c in QUICK_GRAD])
-def test_opinfo_quick(case: opinfo.Case) -> None:
-    _RESULTS.check(case, QUICK_SAMPLES)
+_write_results, test_opinfo_quick = conformance_test("quick-grad", QUICK_GRAD, QUICK_SAMPLES)

@@ -14,23 +14,11 @@ one core): float16, float64, int8, bool and complex forward and 16-bit gradients
 
 from __future__ import annotations
 
-import pytest
 import torch
-from opinfo_check import Results
+from opinfo_check import conformance_test
 
 from torchtpu.testing import opinfo
 
 SWEEP_SAMPLES = 1
 SWEEP = opinfo.cases([torch.bfloat16], ("fwd",))
-_RESULTS = Results("sweep-bf16")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _write_results():
-    yield
-    _RESULTS.write()
-
-
-@pytest.mark.parametrize("case", SWEEP, ids=[c.id for c in SWEEP])
-def test_opinfo_sweep(case: opinfo.Case) -> None:
-    _RESULTS.check(case, SWEEP_SAMPLES)
+_write_results, test_opinfo_sweep = conformance_test("sweep-bf16", SWEEP, SWEEP_SAMPLES)

@@ -3,22 +3,10 @@ sample of every op."""
 
 from __future__ import annotations
 
-import pytest
 import torch
-from opinfo_check import Results
+from opinfo_check import conformance_test
 
 from torchtpu.testing import opinfo
 
 SWEEP = opinfo.cases([torch.float32], ("inplace", "out"))
-_RESULTS = Results("sweep-variants")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _write_results():
-    yield
-    _RESULTS.write()
-
-
-@pytest.mark.parametrize("case", SWEEP, ids=[c.id for c in SWEEP])
-def test_opinfo_sweep(case: opinfo.Case) -> None:
-    _RESULTS.check(case, 1)
+_write_results, test_opinfo_sweep = conformance_test("sweep-variants", SWEEP, 1)
