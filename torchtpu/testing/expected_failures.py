@@ -50,7 +50,7 @@ _F32_SUM_ORDER = (
     "relative); PyTorch's own CUDA-vs-CPU test (test_compare_cpu) allows 1e-3 here"
 )
 _LAPACK_F32 = (
-    "float32 LAPACK: tpu factors with the LAPACK kernels XLA's CPU runtime links (jaxlib's), the CPU with MKL; both in "
+    "float32 LAPACK: tpu factors with the LAPACK kernels linked into XLA's CPU runtime, the CPU with MKL; both in "
     "float32, with different blocking, so the factors differ in their last bits and the backward's products of the "
     "factors (svd's has 1/(s_i^2 - s_j^2) terms) amplify that to a few elements beyond atol 1e-5 (relative <= 3e-4). "
     "Measured summed error against float64, tpu/CPU: lstsq 1.1x, pinv 1.14x, householder_product 1.5x, complex64 svd 1.6x, "
