@@ -15,14 +15,36 @@ def _views(t: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"plain": t, "transposed": t.t(), "sliced": t[1:, ::2], "offset": t.t()[1:], "expanded": t[:1].expand(3, -1)}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
-def test_pickle_round_trip_keeps_geometry_and_values(dtype):
-    base = torch.arange(12).reshape(3, 4).to(dtype).to(TPU)
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.uint8, torch.bool, torch.complex64]
+
+
+@pytest.mark.parametrize("made_on", ["cpu", "tpu"])
+@pytest.mark.parametrize("dtype", _DTYPES)
+def test_pickle_round_trip_keeps_geometry_and_values(dtype, made_on):
+    cpu_base = torch.arange(12).reshape(3, 4).to(dtype)
+    # made on tpu by a program (not by .to): its storage's cell is typed by the program
+    base = cpu_base.to(TPU) if made_on == "cpu" else torch.arange(12, device=TPU).reshape(3, 4).to(dtype)
+    cpu_views = _views(cpu_base)
     for name, t in _views(base).items():
         r = pickle.loads(pickle.dumps(t))
-        assert r.device.type == "tpu" and r.dtype == dtype, name
-        assert r.shape == t.shape and r.stride() == t.stride() and r.storage_offset() == t.storage_offset(), name
-        assert torch.equal(r.cpu(), t.cpu()), name
+        want = pickle.loads(pickle.dumps(cpu_views[name]))
+        assert r.device.type == "tpu" and r.dtype == want.dtype, name
+        assert (r.shape, r.stride(), r.storage_offset()) == (want.shape, want.stride(), want.storage_offset()), name
+        assert torch.equal(r.cpu(), want), name
+        # the result is an ordinary tpu tensor: programs read it and write it
+        assert torch.equal(r.clone().cpu(), want), name
+        if dtype is not torch.bool:
+            assert torch.equal((r + r).cpu(), want + want), name
+
+
+def test_unpickled_factory_tensor_is_usable():
+    """The reported bug: a restored storage is bytes (a uint8 cell); reading the float32
+    tensor on it raised 'viewing a torch.uint8 storage as torch.float32'."""
+    r = pickle.loads(pickle.dumps(torch.ones(2, device=TPU)))
+    assert "tensor([1., 1.], device='tpu:0')" == repr(r)
+    r.mul_(3)
+    assert torch.equal((r + 1).cpu(), torch.full((2,), 4.0))
+    assert torch.equal(r.view(torch.uint8).cpu(), torch.full((2,), 3.0).view(torch.uint8))
 
 
 def test_pickle_parameter_and_containers():

@@ -89,6 +89,30 @@ def _patch_storage_clone() -> None:
     torch.UntypedStorage.clone = clone
 
 
+def _patch_storage_constructor() -> None:
+    """``torch.UntypedStorage(n, device="tpu")`` asks PyTorch's C++ allocator registry for a
+    tpu allocator, which a Python backend cannot register: the process would crash. Build
+    tpu storages from host bytes instead: zeros for a size, or the given byte sequence."""
+    original = torch.UntypedStorage.__new__
+    if getattr(original, "_torchtpu", False):
+        return
+
+    def new(cls: Any, *args: Any, device: Any = None, **kwargs: Any) -> Any:
+        if device is None or torch.device(device).type != "tpu":
+            return original(cls, *args, **({"device": device} if device is not None else {}), **kwargs)
+        if kwargs or len(args) > 1:
+            raise TypeError(f"torch.UntypedStorage(): unsupported arguments for a tpu storage: {args}, {kwargs}")
+        size_or_bytes = args[0] if args else 0
+        if isinstance(size_or_bytes, int):
+            host = torch.zeros(size_or_bytes, dtype=torch.uint8).untyped_storage()
+        else:
+            host = torch.UntypedStorage(size_or_bytes)
+        return _ser_restore(host, str(torch.device(device)))
+
+    new._torchtpu = True  # type: ignore[attr-defined]
+    torch.UntypedStorage.__new__ = new  # type: ignore[method-assign]
+
+
 def _restore_untyped_storage(host: torch.Tensor) -> Any:
     """Unpickle a tpu storage from a CPU tensor holding its bytes."""
     return _ser_restore(host.untyped_storage(), "tpu")
@@ -134,6 +158,10 @@ def register_device() -> None:
     _patch_accelerator_synchronize()
     _patch_storage_clone()
     _patch_storage_pickle()
+    _patch_storage_constructor()
+    from .tensor import sharing
+
+    sharing.install()  # torch.multiprocessing / DataLoader workers: tpu tensors travel as bytes
     from .device.matmul_precision import install_torch_hook
 
     install_torch_hook()

@@ -130,7 +130,9 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    from ..runtime import pjrt
+
+    return pjrt.in_bad_fork()
 
 
 # -- random ---------------------------------------------------------------------------------

@@ -62,28 +62,67 @@ def dense_order(sizes: Sequence[int], strides: Sequence[int]) -> list[int] | Non
 _COMPLEX_PARTS = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 
 
-def _bitcast(b: Builder, base: Value, dtype: torch.dtype) -> Value:
-    """The flat storage ``base`` reinterpreted as ``dtype`` (view(dtype), view_as_real)."""
-    if base.dtype == dtype:
-        return base
-    if _COMPLEX_PARTS.get(base.dtype) is dtype:  # complex -> interleaved (re, im) floats
-        re = b.op1("stablehlo.real", [base], base.shape, dtype)
-        im = b.op1("stablehlo.imag", [base], base.shape, dtype)
-        pair = b.concatenate([b.reshape(re, base.shape + (1,)), b.reshape(im, base.shape + (1,))], 1)
-        return b.reshape(pair, (base.shape[0] * 2,))
-    if _COMPLEX_PARTS.get(dtype) is base.dtype and base.shape[0] % 2 == 0:  # floats -> complex
-        pairs = b.reshape(base, (base.shape[0] // 2, 2))
-        re = b.reshape(b.slice(pairs, [0, 0], [pairs.shape[0], 1]), (pairs.shape[0],))
-        im = b.reshape(b.slice(pairs, [0, 1], [pairs.shape[0], 2]), (pairs.shape[0],))
-        return b.op1("stablehlo.complex", [re, im], re.shape, dtype)
-    if base.dtype.itemsize != dtype.itemsize:
-        raise NotImplementedError(
-            f"torchtpu: viewing a {base.dtype} storage as {dtype} (different element sizes) is not supported; "
-            "call .clone() before .view(dtype)"
-        )
-    if dtype is torch.bool or base.dtype is torch.bool:
-        raise NotImplementedError("torchtpu: bit-casting to or from bool is not supported")
-    return b.bitcast_convert(base, base.shape, dtype)
+def bitcast(b: Builder, x: Value, dtype: torch.dtype) -> Value:
+    """``x`` reinterpreted as ``dtype``, byte for byte along its last dimension, as
+    ``view(dtype)`` does on the CPU (f32[..., n] <-> u8[..., 4n]). For a flat storage
+    whose bytes do not fill a last element of ``dtype``, that element reads as zero
+    bytes (no view can reach it). Complex values are pairs of their real part type;
+    bool is one byte holding 0 or 1, and a byte reads as True when it is not zero."""
+    if x.dtype == dtype:
+        return x
+    if x.dtype in _COMPLEX_PARTS:
+        return bitcast(b, _complex_to_parts(b, x), dtype)
+    if dtype in _COMPLEX_PARTS:
+        return _parts_to_complex(b, bitcast(b, x, _COMPLEX_PARTS[dtype]), dtype)
+    if x.dtype is torch.bool:
+        return bitcast(b, b.convert(x, torch.uint8), dtype)
+    if dtype is torch.bool:
+        u8 = bitcast(b, x, torch.uint8)
+        return b.compare(u8, b.broadcast_in_dim(b.constant(0, torch.uint8), u8.shape, []), "NE")
+    src, dst = x.dtype.itemsize, dtype.itemsize
+    if src == dst:  # (also for 0-d values: the only sizes PyTorch lets a 0-d tensor change between)
+        return b.bitcast_convert(x, x.shape, dtype)
+    lead, n = x.shape[:-1], x.shape[-1]
+    if src > dst:  # each element becomes k narrower ones: a trailing dimension, then merged
+        k = src // dst
+        return b.reshape(b.bitcast_convert(x, lead + (n, k), dtype), lead + (n * k,))
+    k = dst // src  # k elements make one wider one: grouped in a trailing dimension
+    x = _pad_last(b, x, -n % k)
+    m = x.shape[-1] // k
+    return b.bitcast_convert(b.reshape(x, lead + (m, k)), lead + (m,), dtype)
+
+
+def _pad_last(b: Builder, x: Value, extra: int) -> Value:
+    if not extra:
+        return x
+    return b.pad(x, b.constant(0, x.dtype), [0] * x.rank, [0] * (x.rank - 1) + [extra])
+
+
+def _complex_to_parts(b: Builder, x: Value) -> Value:
+    """Complex elements as interleaved (re, im) parts (view_as_real's layout), flattened
+    into the last dimension."""
+    part = _COMPLEX_PARTS[x.dtype]
+    re = b.op1("stablehlo.real", [x], x.shape, part)
+    im = b.op1("stablehlo.imag", [x], x.shape, part)
+    pair = b.concatenate([b.reshape(re, x.shape + (1,)), b.reshape(im, x.shape + (1,))], x.rank)
+    return b.reshape(pair, x.shape[:-1] + (x.shape[-1] * 2,))
+
+
+def _parts_to_complex(b: Builder, parts: Value, dtype: torch.dtype) -> Value:
+    parts = _pad_last(b, parts, parts.shape[-1] % 2)
+    lead, m = parts.shape[:-1], parts.shape[-1] // 2
+    pairs = b.reshape(parts, lead + (m, 2))
+    zeros = [0] * len(lead)
+    re = b.reshape(b.slice(pairs, zeros + [0, 0], list(lead) + [m, 1]), lead + (m,))
+    im = b.reshape(b.slice(pairs, zeros + [0, 1], list(lead) + [m, 2]), lead + (m,))
+    return b.op1("stablehlo.complex", [re, im], re.shape, dtype)
+
+
+def _write_unit(dtype: torch.dtype) -> torch.dtype:
+    """The element type a write through a view of ``dtype`` into a storage of another
+    type is done in: bool writes its bytes (0/1), so other bytes of the storage keep
+    their exact values."""
+    return torch.uint8 if dtype is torch.bool else dtype
 
 
 def _flat_indices(b: Builder, sizes: Sequence[int], strides: Sequence[int], offset: int) -> Value:
@@ -92,14 +131,16 @@ def _flat_indices(b: Builder, sizes: Sequence[int], strides: Sequence[int], offs
     for d, (n, s) in enumerate(zip(sizes, strides)):
         if n == 1 or s == 0:
             continue
-        term = b.binary("multiply", b.iota(sizes, d, torch.int64), b.broadcast_in_dim(b.constant(s, torch.int64), tuple(sizes), []))
+        term = b.binary(
+            "multiply", b.iota(sizes, d, torch.int64), b.broadcast_in_dim(b.constant(s, torch.int64), tuple(sizes), [])
+        )
         idx = b.binary("add", idx, term)
     return idx
 
 
 def read_view(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[int], offset: int, dtype: torch.dtype) -> Value:
     sizes, strides = tuple(sizes), tuple(strides)
-    base = _bitcast(b, base, dtype)
+    base = bitcast(b, base, dtype)
     numel = prod(sizes)
     total = base.shape[0]
     if numel == 0:
@@ -134,7 +175,9 @@ def _nested_slices_ok(sizes: Sequence[int], strides: Sequence[int], order: Seque
     return True
 
 
-def _nested_slices(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[int], offset: int, order: Sequence[int]) -> Value:
+def _nested_slices(
+    b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[int], offset: int, order: Sequence[int]
+) -> Value:
     """Slice/reshape chain for a non-overlapping strided view; dims come out in ``order``."""
     if not order:  # every dim has size 1 or stride 0: a single element
         return b.reshape(b.slice(base, [offset], [offset + 1]), ())
@@ -164,9 +207,11 @@ def write_view(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[
     numel = prod(sizes)
     if numel == 0:
         return base
-    if value.dtype != base.dtype:  # a view of another dtype: write in its units, cast back
-        updated = write_view(b, _bitcast(b, base, value.dtype), sizes, strides, offset, value)
-        return _bitcast(b, updated, base.dtype)
+    if value.dtype != base.dtype:  # a view of another dtype (x.view(dtype)): write in its units, cast back
+        unit = _write_unit(value.dtype)
+        updated = write_view(b, bitcast(b, base, unit), sizes, strides, offset, b.convert(value, unit))
+        restored = bitcast(b, updated, base.dtype)  # a partial last element was padding: drop it
+        return restored if restored.shape == base.shape else b.slice(restored, [0], [base.shape[0]])
     total = base.shape[0]
     flat = b.reshape(value, (numel,))
     if is_contiguous(sizes, strides):

@@ -255,3 +255,32 @@ def get() -> Runtime:
 
 def started() -> bool:
     return _runtime is not None
+
+
+class _ForkedRuntime:
+    """The runtime of a process forked after its parent started one: the client's threads
+    and device state did not survive the fork (using it would hang), so every use raises."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise TpuRuntimeError(
+            "torchtpu: the tpu device cannot be used in a process forked after its parent used it "
+            "(the XLA runtime does not survive fork). Start the process with the 'spawn' method: "
+            "torch.multiprocessing.set_start_method('spawn'), or DataLoader(..., multiprocessing_context='spawn')."
+        )
+
+
+_inherited: Runtime | None = None  # the parent's runtime, kept so that nothing tears it down in the child
+
+
+def _after_fork_in_child() -> None:
+    global _runtime, _inherited
+    if isinstance(_runtime, Runtime):
+        _inherited, _runtime = _runtime, _ForkedRuntime()  # type: ignore[assignment]
+
+
+def in_bad_fork() -> bool:
+    """Whether this process was forked from one that had started the runtime."""
+    return isinstance(_runtime, _ForkedRuntime)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

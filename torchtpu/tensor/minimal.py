@@ -75,8 +75,8 @@ def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
     else:
         flat = pjrt.get().to_numpy(buf).reshape(-1)
     checks.raise_pending()
-    if t.dtype != cell.dtype:
-        flat = flat.view(numpy_dtype(t.dtype))
+    if t.dtype != cell.dtype:  # a view of another dtype (x.view(torch.uint8)): reinterpret the bytes
+        flat = _reinterpret(flat, t.dtype)
     item = flat.itemsize
     view = np.lib.stride_tricks.as_strided(flat[offset:], sizes, [s * item for s in strides], writeable=False)
     arr = np.array(view, copy=True)
@@ -89,6 +89,13 @@ def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
     if t.dtype is torch.bfloat16:
         return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(arr)
+
+
+def _reinterpret(flat: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """The bytes of flat array ``flat`` as elements of ``dtype``; a partial last element
+    (a 6-byte storage viewed as float32) is dropped: no view can reach it."""
+    raw = flat.view(np.uint8)
+    return raw[: raw.size - raw.size % dtype.itemsize].view(numpy_dtype(dtype))
 
 
 def _covers_storage(t: torch.Tensor) -> bool:
@@ -104,6 +111,13 @@ def _covers_storage(t: torch.Tensor) -> bool:
 
 
 # -- allocation ----------------------------------------------------------------------
+def _check_size_nonnegative(size: list[int]) -> None:
+    """at::check_size_nonnegative, with the CPU's message (torch.empty(-1))."""
+    for s in size:
+        if s < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {list(size)}")
+
+
 def empty_memory_format(
     size: list[int],
     dtype: torch.dtype | None = None,
@@ -114,6 +128,7 @@ def empty_memory_format(
 ) -> torch.Tensor:
     _ensure_ops()
     _check_device(device)
+    _check_size_nonnegative(size)
     dtype = _dtype(dtype)
     numel = int(np.prod(size)) if len(size) else 1
     if memory_format is not None and memory_format is not torch.contiguous_format and memory_format is not torch.preserve_format:
@@ -124,16 +139,28 @@ def empty_memory_format(
 
 
 def empty_strided(
-    size: list[int], stride: list[int], dtype: torch.dtype | None = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+    size: list[int],
+    stride: list[int],
+    dtype: torch.dtype | None = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
 ) -> torch.Tensor:
     _ensure_ops()
     _check_device(device)
+    _check_size_nonnegative(size)
     dtype = _dtype(dtype)
     return new_tensor(Cell(storage_extent(size, stride, 0), dtype), size, stride, 0, dtype)
 
 
 def new_empty_strided(
-    x: torch.Tensor, size: list[int], stride: list[int], dtype: torch.dtype | None = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+    x: torch.Tensor,
+    size: list[int],
+    stride: list[int],
+    dtype: torch.dtype | None = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
 ) -> torch.Tensor:
     return empty_strided(size, stride, dtype if dtype is not None else x.dtype, layout, device, pin_memory)
 
@@ -195,7 +222,14 @@ def to_copy(
     return dispatch.run(
         aten._to_copy.default,
         (x,),
-        {"dtype": dtype, "layout": layout, "device": None, "pin_memory": pin_memory, "non_blocking": non_blocking, "memory_format": memory_format},
+        {
+            "dtype": dtype,
+            "layout": layout,
+            "device": None,
+            "pin_memory": pin_memory,
+            "non_blocking": non_blocking,
+            "memory_format": memory_format,
+        },
     )
 
 
@@ -254,12 +288,45 @@ def _grown(cell: Cell, numel: int) -> Cell:
     return Cell(numel, cell.dtype, buf)
 
 
-def set_source_storage_offset(x: torch.Tensor, source: Any, storage_offset: int, size: list[int], stride: list[int] = ()) -> torch.Tensor:
-    return aten.set_.source_Storage_storage_offset.redispatch(_CPU_KEYSET, x, source, storage_offset, size, stride)
+def set_source_storage_offset(
+    x: torch.Tensor, source: Any, storage_offset: int, size: list[int], stride: list[int] = ()
+) -> torch.Tensor:
+    aten.set_.source_Storage_storage_offset.redispatch(_CPU_KEYSET, x, source, storage_offset, size, stride)
+    _adopt_dtype(x)
+    return x
 
 
 def set_source_storage(x: torch.Tensor, source: Any) -> torch.Tensor:
-    return aten.set_.source_Storage.redispatch(_CPU_KEYSET, x, source)
+    aten.set_.source_Storage.redispatch(_CPU_KEYSET, x, source)
+    _adopt_dtype(x)
+    return x
+
+
+def _adopt_dtype(x: torch.Tensor) -> None:
+    """Give a byte storage the element type of the first tensor of another type set onto it.
+
+    torch.load, pickle and DataLoader workers restore a storage as untyped bytes (a uint8
+    cell) and then ``set_`` typed tensors onto it. Every program would then reinterpret
+    the bytes (strided.bitcast) on each read and write; retyping the cell once
+    keeps loaded parameters as fast as ones moved with ``.to("tpu")``. The bytes are the
+    same, so other views of the storage see no change. Not to bool: a byte other than
+    0/1 would not survive a bool cell."""
+    storage = x.untyped_storage()
+    cell = getattr(storage, "_cell", None)
+    dtype = x.dtype
+    if cell is None or cell.dtype is not torch.uint8 or dtype in (torch.uint8, torch.bool) or cell.nbytes % dtype.itemsize:
+        return
+    numel = cell.nbytes // dtype.itemsize
+    covers = x.storage_offset() == 0 and x.numel() == numel and x.is_contiguous()
+    shape = tuple(x.shape) if covers and x.dim() else (numel,)  # a parameter keeps its shape (see Cell)
+    if not cell.initialized:
+        storage._cell = Cell(numel, dtype, shape=shape)
+        return
+    # through the host, not a device program: a checkpoint has many sizes, each would compile
+    flat = _reinterpret(pjrt.get().to_numpy(cell.buf).reshape(-1), dtype)
+    storage._cell = Cell(numel, dtype, pjrt.get().put(flat.reshape(shape)), shape)
+    metrics.add("d2h_bytes", flat.nbytes)
+    metrics.add("h2d_bytes", flat.nbytes)
 
 
 def set_source_tensor(x: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
@@ -303,7 +370,12 @@ VIEW_OPS = [
 
 
 def new_empty(
-    x: torch.Tensor, size: list[int], dtype: torch.dtype | None = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+    x: torch.Tensor,
+    size: list[int],
+    dtype: torch.dtype | None = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
 ) -> torch.Tensor:
     return empty_memory_format(size, dtype or x.dtype, layout, device, pin_memory)
 

@@ -18,7 +18,7 @@ import torch
 from ...stablehlo.builder import Value, prod
 from ..context import NodeLowering
 from ..registry import register
-from ..strided import contiguous_strides, read_view
+from ..strided import bitcast, contiguous_strides, read_view
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -84,11 +84,7 @@ def alias(L: NodeLowering, x: Value) -> Value:
 
 @register(aten.view.dtype, aten.view_copy.dtype)
 def view_dtype(L: NodeLowering, x: Value, dtype: torch.dtype) -> Value:
-    if x.dtype == dtype:
-        return x
-    if x.dtype.itemsize != dtype.itemsize or torch.bool in (x.dtype, dtype):
-        raise NotImplementedError(f"torchtpu: view({x.dtype} -> {dtype}) with different element sizes is not supported")
-    return L.b.bitcast_convert(x, x.shape, dtype)
+    return bitcast(L.b, x, dtype)  # along the last dimension, as the CPU's view(dtype)
 
 
 # -- permutations ----------------------------------------------------------------------------------
