@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class TpuError(RuntimeError):
     """Base class of torchtpu runtime errors."""
@@ -13,6 +15,24 @@ class TpuRuntimeError(TpuError):
 
 class TpuPlatformError(TpuError):
     """The requested PjRT platform could not be started."""
+
+
+class CheckMessage(str):
+    """The message of a device-side check (``L.check``): the text the CPU gives for the
+    same input, the exception type it raises, and how many ``{}`` fields of the text the
+    device fills in (the values it read at the first failing element)."""
+
+    exc: type[Exception]
+    n_values: int
+
+    def __new__(cls, text: str, exc: type[Exception] = RuntimeError, n_values: int = 0) -> CheckMessage:
+        self = super().__new__(cls, text)
+        self.exc, self.n_values = exc, n_values
+        return self
+
+    def render(self, values: Sequence[int]) -> str:
+        """The text with the device's values in its fields."""
+        return self.format(*values) if self.n_values else str(self)
 
 
 def not_implemented(op_name: str, detail: str = "") -> NotImplementedError:

@@ -6,6 +6,12 @@ dispatcher keeps the flag buffer with the op's name and the user's source line. 
 CUDA device-side assert, the error surfaces at the next point where the user waits
 (``.cpu()``, ``.item()``, ``torch.tpu.synchronize()``) — or at once under
 ``launch_blocking`` — and the device stays usable.
+
+A check may name the exception type the CPU raises for the same input (``IndexError``,
+``torch.linalg.LinAlgError``): the error raised is then a subclass of both ``TpuAsyncError``
+and that type, so ``except IndexError`` works as on the CPU. Its message starts with the
+CPU's text (with the values the device read, "Target 5 is out of bounds.") and ends with
+our context: the op, the user's source line and how to stop at the failing call.
 """
 
 from __future__ import annotations
@@ -15,20 +21,42 @@ import sys
 import threading
 from typing import Any
 
+import numpy as np
 import torch
 
-from ..errors import TpuError
+from ..errors import CheckMessage, TpuError
 
 
 class TpuAsyncError(TpuError):
     """A check inside an asynchronously executed program failed."""
 
 
+class TpuAsyncIndexError(TpuAsyncError, IndexError):
+    """A device-side check failed where the CPU raises IndexError (e.g. a target out of range)."""
+
+
+class TpuAsyncLinAlgError(TpuAsyncError, torch.linalg.LinAlgError):
+    """A device-side check failed where the CPU raises torch.linalg.LinAlgError."""
+
+
+_ERROR_TYPES: dict[type, type] = {IndexError: TpuAsyncIndexError, torch.linalg.LinAlgError: TpuAsyncLinAlgError}
+
+
+def error_type(exc: type[Exception]) -> type[TpuAsyncError]:
+    """The TpuAsyncError subclass that is also an ``exc`` (made once per type)."""
+    if issubclass(TpuAsyncError, exc):
+        return TpuAsyncError
+    cls = _ERROR_TYPES.get(exc)
+    if cls is None:
+        name = "TpuAsync" + exc.__name__.lstrip("_")
+        cls = _ERROR_TYPES[exc] = type(name, (TpuAsyncError, exc), {"__module__": __name__})
+        globals()[name] = cls  # so that pickle finds it (multiprocessing re-raises errors)
+    return cls
+
+
 _pending: list[tuple[Any, str, str, str]] = []  # (flag buffer, op, message, source line)
 _lock = threading.Lock()
-_LIB_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (
-    os.path.dirname(os.path.dirname(__file__)) + os.sep,
-)
+_LIB_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (os.path.dirname(os.path.dirname(__file__)) + os.sep,)
 
 
 def user_source_line() -> str:
@@ -69,11 +97,19 @@ def raise_pending(blocking: bool = False) -> None:
         _pending.clear()
     rt = pjrt.get()
     for buf, op, msg, where in items:
-        if bool(rt.to_numpy(buf)):
-            hint = (
-                ""
-                if blocking
-                else " The error was detected asynchronously; set TORCHTPU_LAUNCH_BLOCKING=1 (or "
-                "torchtpu.set_eager_mode('launch_blocking')) to stop at the failing call."
-            )
-            raise TpuAsyncError(f"torchtpu: {op} failed on the device: {msg} (called at {where}).{hint}")
+        flag = np.asarray(rt.to_numpy(buf)).reshape(-1)  # [bad] or [bad, values...] (L.check)
+        if flag[0]:
+            raise _error(op, msg, [int(v) for v in flag[1:]], where, blocking)
+
+
+def _error(op: str, msg: str, values: list[int], where: str, blocking: bool) -> TpuAsyncError:
+    if not isinstance(msg, CheckMessage):
+        msg = CheckMessage(msg)
+    hint = (
+        ""
+        if blocking
+        else " The error was detected asynchronously; set TORCHTPU_LAUNCH_BLOCKING=1 (or "
+        "torchtpu.set_eager_mode('launch_blocking')) to stop at the failing call."
+    )
+    text = f"{msg.render(values)} (torchtpu: {op} failed on the device, called at {where}).{hint}"
+    return error_type(msg.exc)(text)

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..errors import not_implemented
+from ..errors import CheckMessage, not_implemented
 from ..stablehlo.builder import Builder, Value
 from ..stablehlo.types import is_complex, is_float
 from . import registry
@@ -94,14 +94,45 @@ class NodeLowering:
         self.out: list[TensorSpec | None] = [_spec_of(m) for m in flat]
 
     # -- scalars and dtypes -------------------------------------------------------
-    def check(self, bad: Value, message: str) -> None:
+    def check(self, bad: Value, message: str, *, exc: type[Exception] = RuntimeError, values: Sequence[Value] = ()) -> None:
         """Report ``message`` (asynchronously, at the user's next wait) if any element of
-        the boolean ``bad`` is true; the program still runs and returns its results."""
+        the boolean ``bad`` is true; the program still runs and returns its results.
+
+        ``exc`` is the type the CPU raises for the same input (the user gets an exception
+        that is both a ``TpuAsyncError`` and an ``exc``). ``values`` (integer-valued, each
+        broadcastable to ``bad``) are read at the first true element of ``bad`` in row-major order
+        and fill the ``{}`` fields of ``message``, as the CPU names the offending value
+        ("Target 5 is out of bounds."). The flag is then an int64 vector: any, values..."""
         b = self.b
-        if bad.shape:
-            dims = list(range(len(bad.shape)))
-            (bad,) = b.reduce([bad], [b.constant(False, torch.bool)], dims, lambda acc, x: [b.binary("or", acc, x)])
-        self.ctx.checks.append((bad, message))
+        msg = CheckMessage(message, exc, len(values))
+        if not values:
+            if bad.shape:
+                dims = list(range(len(bad.shape)))
+                (bad,) = b.reduce([bad], [b.constant(False, torch.bool)], dims, lambda acc, x: [b.binary("or", acc, x)])
+            self.ctx.checks.append((bad, msg))
+            return
+        n = 1
+        for d in bad.shape:
+            n *= int(d)
+        i64 = torch.int64
+        pos = b.iota((n,), 0, i64)
+        big = self.full(n, (n,), i64)
+        (first,) = b.reduce(
+            [b.select(b.reshape(bad, (n,)), pos, big)], [b.constant(n, i64)], [0], lambda acc, x: [b.binary("minimum", acc, x)]
+        )
+        at_first = b.compare(pos, b.broadcast_in_dim(first, (n,), []), "EQ")
+        parts = [b.convert(b.compare(first, b.constant(n, i64), "LT"), i64)]
+        for v in values:  # the value at ``first`` (0 when nothing failed): a masked sum
+            v = b.reshape(self.to(self.broadcast_to(v, bad.shape), i64), (n,))
+            (picked,) = b.reduce(
+                [b.select(at_first, v, self.zeros((n,), i64))],
+                [b.constant(0, i64)],
+                [0],
+                lambda acc, x: [b.binary("add", acc, x)],
+            )
+            parts.append(picked)
+        flag = b.concatenate([b.reshape(p, (1,)) for p in parts], 0)
+        self.ctx.checks.append((flag, msg))
 
     def scalar(self, x: Any, dtype: torch.dtype) -> Value:
         """A 0-d Value of ``dtype`` from a Python number, a ScalarValue or a 0-d Value."""

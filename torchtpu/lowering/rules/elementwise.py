@@ -251,6 +251,21 @@ def mul(L: NodeLowering, x: Any, y: Any) -> Value:
     return L.to(L.b.binary("multiply", x, y), out)
 
 
+def _integral(dtype: torch.dtype) -> bool:
+    return not (is_float(dtype) or is_complex(dtype) or dtype is torch.bool)
+
+
+def _int_operands(L: NodeLowering, x: Any, y: Any) -> list[Value]:
+    """``x``, ``y`` promoted to the integer result dtype, checking the divisor as the CPU
+    does: a Python 0 (static here: 0 is never a device operand) raises at once; a zero
+    element raises at the next wait (XLA would return -1, or x for a remainder)."""
+    if not isinstance(y, Value) and y == 0:
+        raise RuntimeError("ZeroDivisionError")
+    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    L.check(L.b.compare(y, L.zeros(y.shape, y.dtype), "EQ"), "ZeroDivisionError")
+    return [x, y]
+
+
 @register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div(L: NodeLowering, x: Any, y: Any, rounding_mode: str | None = None) -> Value:
     out = L.out[0].dtype
@@ -259,7 +274,7 @@ def div(L: NodeLowering, x: Any, y: Any, rounding_mode: str | None = None) -> Va
         return L.to(L.b.binary("divide", x, y), out)
     if _opmath(out) is not out:
         return L.to(_div_rounded(L, *L.promote(x, y, dtype=torch.float32), rounding_mode), out)
-    x, y = L.promote(x, y, dtype=out)
+    x, y = _int_operands(L, x, y) if _integral(out) else L.promote(x, y, dtype=out)
     return _div_rounded(L, x, y, rounding_mode)
 
 
@@ -298,7 +313,8 @@ def _floor_divide_float(L: NodeLowering, x: Value, y: Value) -> Value:
         L.b.compare(L.b.binary("subtract", div, floor), half, "GT"), L.b.binary("add", floor, L.full(1, x.shape, x.dtype)), floor
     )
     plain = L.b.binary("divide", x, y)
-    return L.b.select(L.b.compare(div, zero, "EQ"), L.b.binary("multiply", L.b.unary("sign", plain), zero), floor)
+    floor = L.b.select(L.b.compare(div, zero, "EQ"), L.b.binary("multiply", L.b.unary("sign", plain), zero), floor)
+    return L.b.select(L.b.compare(y, zero, "EQ"), plain, floor)  # by zero: IEEE's x / 0 (+-inf, NaN)
 
 
 @register(aten.floor_divide.default, aten.floor_divide.Scalar)
@@ -308,7 +324,8 @@ def floor_divide(L: NodeLowering, x: Any, y: Any) -> Value:
 
 @register(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
 def remainder(L: NodeLowering, x: Any, y: Any) -> Value:
-    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    out = L.out[0].dtype
+    x, y = _int_operands(L, x, y) if _integral(out) else L.promote(x, y, dtype=out)
     r = L.b.binary("remainder", x, y)
     if is_unsigned(x.dtype):
         return r
@@ -319,18 +336,63 @@ def remainder(L: NodeLowering, x: Any, y: Any) -> Value:
 
 @register(aten.fmod.Tensor, aten.fmod.Scalar)
 def fmod(L: NodeLowering, x: Any, y: Any) -> Value:
-    x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    out = L.out[0].dtype
+    x, y = _int_operands(L, x, y) if _integral(out) else L.promote(x, y, dtype=out)
     return L.b.binary("remainder", x, y)
 
 
 @register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow_(L: NodeLowering, x: Any, y: Any) -> Value:
     out = L.out[0].dtype
+    if L.op is aten.pow.Tensor_Scalar and not (is_float(x.dtype) or is_complex(x.dtype)):
+        _check_int_exponent(L, y)
     if not isinstance(y, Value) and y == 2 and isinstance(x, Value):
         x = L.to(x, out)
         return L.b.binary("multiply", x, x)
     x, y = L.promote(x, y, dtype=out)
+    if _integral(out):
+        return _int_power(L, x, y)
     return L.b.binary("power", x, y)
+
+
+def _int_power(L: NodeLowering, x: Value, y: Value) -> Value:
+    """c10's powi: exponentiation by squaring, wrapping like the CPU's integers (XLA's
+    integer power reads only the exponent's low 6 bits: 5 ** 64 gave 1). A negative
+    exponent gives 1 for x == 1, -1 or 1 for x == -1 (odd or even) and 0 otherwise."""
+    b = L.b
+    shape, dt = x.shape, x.dtype
+
+    def c(v: int) -> Value:  # made where it is used: loop regions may not capture values
+        return L.full(v, shape, dt)
+
+    def step(acc: Value, base: Value, e: Value) -> list[Value]:
+        odd = b.compare(b.binary("and", e, c(1)), c(0), "NE")
+        return [
+            b.select(odd, b.binary("multiply", acc, base), acc),
+            b.binary("multiply", base, base),
+            b.binary("shift_right_logical", e, c(1)),
+        ]
+
+    e = b.binary("maximum", y, c(0))
+    r, _, _ = b.while_loop([c(1), x, e], lambda acc, base, e: L.any_true(b.compare(e, c(0), "GT")), step)
+    if is_unsigned(dt):
+        return r
+    odd = b.compare(b.binary("and", y, c(1)), c(0), "NE")
+    minus_one = b.select(odd, c(-1), c(1))
+    neg = b.select(b.compare(x, c(1), "EQ"), c(1), b.select(b.compare(x, c(-1), "EQ"), minus_one, c(0)))
+    return b.select(b.compare(y, c(0), "LT"), neg, r)
+
+
+def _check_int_exponent(L: NodeLowering, y: Any) -> None:
+    """PyTorch's meta check for an integer (or bool) tensor to a Python int power: a
+    negative exponent raises; at once when it is static (-1), at the next wait when it
+    is a device operand."""
+    msg = "Integers to negative integer powers are not allowed."
+    if isinstance(y, ScalarValue):
+        if y.pytype is int:
+            L.check(L.b.compare(y, L.zeros((), y.dtype), "LT"), msg)
+    elif isinstance(y, int) and y < 0:  # bool is an int too, and never negative
+        raise RuntimeError(msg)
 
 
 @register(aten.atan2.default)

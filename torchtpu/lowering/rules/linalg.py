@@ -340,12 +340,100 @@ def linalg_cholesky_ex(L: NodeLowering, a: Value, upper: bool = False, check_err
     first = b.select(bad, pos, L.full(n + 1, d.shape, torch.int32))
     (m,) = b.reduce([first], [b.constant(n + 1, torch.int32)], [d.rank - 1], lambda x, y: [b.binary("minimum", x, y)])
     info = b.select(b.compare(m, L.full(n + 1, m.shape, torch.int32), "EQ"), L.zeros(m.shape, torch.int32), m)
+    info = _cholesky_info(L, a, upper, info)
+    if check_errors:
+        _check_info(L, info, "linalg.cholesky_ex", "cholesky")
     return r, info
+
+
+def _cholesky_info(L: NodeLowering, a: Value, upper: bool, failed_at: Value) -> Value:
+    """LAPACK's info where XLA's factorization failed (``failed_at`` != 0): the order of the
+    first leading minor that is not positive-definite. XLA fills a failed matrix with NaN,
+    which says only that it failed; an unblocked factorization of the triangle potrf reads
+    finds the order, in a while loop that runs no step unless some matrix failed."""
+    if 0 in a.shape:
+        return failed_at
+    b = L.b
+    i32 = torch.int32
+    if upper:  # the lower triangle of A^H is A's upper one
+        a = _mH(L, a)
+    failed = b.compare(failed_at, L.zeros(failed_at.shape, i32), "NE")
+
+    def unknown(k: Value, m: Value, info: Value, failed: Value) -> Value:
+        pending = b.binary("and", failed, b.compare(info, L.zeros(info.shape, i32), "EQ"))
+        return b.binary("and", b.compare(k, b.constant(a.shape[-1], i32), "LT"), L.any_true(pending))
+
+    init = [b.constant(0, i32), a, L.zeros(failed.shape, i32), failed]
+    _, _, info, _ = b.while_loop(init, unknown, lambda k, m, info, failed: [*_cholesky_step(L, k, m, info), failed])
+    return b.select(failed, b.select(b.compare(info, L.zeros(info.shape, i32), "NE"), info, failed_at), failed_at)
+
+
+def _cholesky_step(L: NodeLowering, k: Value, m: Value, info: Value) -> list[Value]:
+    """Column ``k`` of a right-looking Cholesky (the lower triangle of ``m``): record
+    ``k + 1`` where the pivot is not positive (or NaN), then update the trailing block."""
+    b = L.b
+    i32 = torch.int32
+    batch, n = m.shape[:-2], m.shape[-1]
+    nb = len(batch)
+    z = b.constant(0, i32)
+    p = b.reshape(b.dynamic_slice(m, [z] * nb + [k, k], batch + (1, 1)), batch)
+    p = b.op1("stablehlo.real", [p], p.shape, part_dtype(p.dtype)) if is_complex(p.dtype) else p
+    bad = b.unary("not", b.compare(p, L.zeros(p.shape, p.dtype), "GT"))
+    k1 = b.broadcast_in_dim(b.binary("add", k, b.constant(1, i32)), info.shape, [])
+    info = b.select(b.binary("and", bad, b.compare(info, L.zeros(info.shape, i32), "EQ")), k1, info)
+    col_shape = batch + (n, 1)
+    col = b.dynamic_slice(m, [z] * nb + [z, k], col_shape)
+    scale = b.unary("rsqrt", b.select(bad, L.full(1, p.shape, p.dtype), p))
+    scale = b.broadcast_in_dim(L.to(scale, m.dtype), col_shape, list(range(nb)))
+    below = b.compare(b.iota(col_shape, nb, i32), b.broadcast_in_dim(k, col_shape, []), "GT")
+    keep = b.binary("and", below, b.unary("not", b.broadcast_in_dim(bad, col_shape, list(range(nb)))))
+    lcol = b.reshape(b.select(keep, b.binary("multiply", col, scale), L.zeros(col_shape, m.dtype)), batch + (n,))
+    full = batch + (n, n)
+    outer = b.binary(
+        "multiply",
+        b.broadcast_in_dim(lcol, full, [*range(nb), nb]),
+        b.broadcast_in_dim(conj(L, lcol), full, [*range(nb), nb + 1]),
+    )
+    return [b.binary("add", k, b.constant(1, i32)), b.binary("subtract", m, outer), info]
+
+
+# _linalg_check_errors's texts for info > 0, by the kind of API (``{i}``: the info)
+_LINALG_ERRORS = {
+    "cholesky": (
+        torch.linalg.LinAlgError,
+        "The factorization could not be completed because the input is not positive-definite "
+        "(the leading minor of order {i} is not positive-definite).",
+    ),
+    "inv": (
+        torch.linalg.LinAlgError,
+        "The diagonal element {i} is zero, the inversion could not be completed because the input matrix is singular.",
+    ),
+    "solve": (torch.linalg.LinAlgError, "The solver failed because the input matrix is singular."),
+    "lu_factor": (
+        RuntimeError,
+        "U[{i},{i}] is zero and using it on lu_solve would result in a division by zero. If you still want to "
+        "perform the factorization, consider calling linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)",
+    ),
+}
+
+
+def _check_info(L: NodeLowering, info: Value, api: str, kind: str) -> None:
+    """The error the CPU raises for a nonzero LAPACK ``info`` (check_errors=True), naming
+    the first failing matrix of a batch as it does."""
+    exc, text = _LINALG_ERRORS[kind]
+    bad = L.b.compare(info, L.zeros(info.shape, info.dtype), "NE")
+    if not info.shape:
+        L.check(bad, f"{api}: " + text.replace("{i}", "{0}"), exc=exc, values=[info])
+        return
+    index = L.b.reshape(L.b.iota((math.prod(info.shape),), 0, torch.int64), info.shape)
+    L.check(bad, f"{api}: (Batch element {{0}}): " + text.replace("{i}", "{1}"), exc=exc, values=[index, info])
 
 
 @register(aten.cholesky.default)
 def cholesky(L: NodeLowering, a: Value, upper: bool = False) -> Value:
-    return linalg_cholesky_ex(L, a, upper)[0]
+    r, info = linalg_cholesky_ex(L, a, upper)
+    _check_info(L, info, "cholesky", "cholesky")
+    return r
 
 
 @register(aten.linalg_solve_triangular.default)
@@ -376,7 +464,10 @@ def linalg_lu_factor_ex(
 ) -> tuple[Value, Value, Value]:
     if not pivot:
         raise NotImplementedError("torchtpu: LU without pivoting is not implemented (nor is it on PyTorch's CPU); use pivot=True")
-    return getrf(L, a)
+    lu, piv, info = getrf(L, a)
+    if check_errors:
+        _check_info(L, info, "torch.linalg.lu_factor_ex", "lu_factor")
+    return lu, piv, info
 
 
 def _unpack(L: NodeLowering, lu: Value, piv: Value) -> tuple[Value, Value, Value]:
@@ -428,7 +519,10 @@ def linalg_solve_ex(
 ) -> tuple[Value, Value, Value, Value]:
     """LU is the factorization of A itself, as PyTorch 2.13's CPU kernel returns it
     (its backward solves the adjoint system with that LU)."""
-    return _solve_ex(L, a, rhs, left, use_a_t=False)
+    x, lu, piv, info = _solve_ex(L, a, rhs, left, use_a_t=False)
+    if check_errors:
+        _check_info(L, info, "torch.linalg.solve_ex", "solve")
+    return x, lu, piv, info
 
 
 def _solve_ex(L: NodeLowering, a: Value, rhs: Value, left: bool, use_a_t: bool) -> tuple[Value, Value, Value, Value]:
@@ -451,6 +545,8 @@ def linalg_inv_ex(L: NodeLowering, a: Value, *, check_errors: bool = False) -> t
     nb = len(batch)
     shape = batch + (n, n)
     eye = L.to(L.b.compare(L.b.iota(shape, nb, torch.int32), L.b.iota(shape, nb + 1, torch.int32), "EQ"), a.dtype)
+    if check_errors:
+        _check_info(L, info, "linalg.inv_ex", "inv")
     return lu_solve(L, lu, piv, eye), info
 
 

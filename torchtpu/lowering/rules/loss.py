@@ -54,6 +54,7 @@ def _nll_parts(L: NodeLowering, x: Value, target: Value, weight: Value | None, i
     t_b = b.broadcast_in_dim(t, x.shape, keep)
     onehot = b.compare(b.iota(x.shape, cdim, torch.int64), t_b, "EQ")
     valid = b.compare(t, L.full(ignore_index, t.shape, torch.int64), "NE")
+    _check_targets(L, t, valid, x.shape[cdim])
     acc = acc_dtype(x.dtype)
     if weight is not None:
         w = b.broadcast_in_dim(L.to(weight, acc), x.shape, [cdim])
@@ -64,8 +65,20 @@ def _nll_parts(L: NodeLowering, x: Value, target: Value, weight: Value | None, i
     return onehot, wt, cdim
 
 
+def _check_targets(L: NodeLowering, t: Value, valid: Value, n_classes: int) -> None:
+    """The CPU's IndexError for a class index outside [0, C) that is not ignore_index;
+    without it the one-hot mask would be all false and the loss silently 0."""
+    b = L.b
+    outside = b.binary(
+        "or", b.compare(t, L.zeros(t.shape, t.dtype), "LT"), b.compare(t, L.full(n_classes, t.shape, t.dtype), "GE")
+    )
+    L.check(b.binary("and", valid, outside), "Target {} is out of bounds.", exc=IndexError, values=[t])
+
+
 @register(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
-def nll_loss_forward(L: NodeLowering, x: Value, target: Value, weight: Value | None, reduction: int, ignore_index: int) -> tuple[Value, Value]:
+def nll_loss_forward(
+    L: NodeLowering, x: Value, target: Value, weight: Value | None, reduction: int, ignore_index: int
+) -> tuple[Value, Value]:
     b = L.b
     acc = acc_dtype(x.dtype)
     onehot, wt, cdim = _nll_parts(L, x, target, weight, ignore_index)
@@ -85,7 +98,14 @@ def nll_loss_forward(L: NodeLowering, x: Value, target: Value, weight: Value | N
 
 @register(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
 def nll_loss_backward(
-    L: NodeLowering, grad: Value, x: Value, target: Value, weight: Value | None, reduction: int, ignore_index: int, total_weight: Value,
+    L: NodeLowering,
+    grad: Value,
+    x: Value,
+    target: Value,
+    weight: Value | None,
+    reduction: int,
+    ignore_index: int,
+    total_weight: Value,
 ) -> Value:
     b = L.b
     acc = acc_dtype(x.dtype)
@@ -181,12 +201,16 @@ def binary_cross_entropy(L: NodeLowering, x: Value, t: Value, weight: Value | No
     floor = _c(L, -100, x)
     log_x = b.binary("maximum", b.unary("log", x), floor)
     log_1mx = b.binary("maximum", b.unary("log_plus_one", b.unary("negate", x)), floor)
-    loss = b.binary("subtract", b.binary("multiply", b.binary("subtract", t, _c(L, 1, t)), log_1mx), b.binary("multiply", t, log_x))
+    loss = b.binary(
+        "subtract", b.binary("multiply", b.binary("subtract", t, _c(L, 1, t)), log_1mx), b.binary("multiply", t, log_x)
+    )
     return _reduce(L, _weighted(L, loss, weight), reduction)
 
 
 @register(aten.binary_cross_entropy_backward.default)
-def binary_cross_entropy_backward(L: NodeLowering, grad: Value, x: Value, t: Value, weight: Value | None = None, reduction: int = MEAN) -> Value:
+def binary_cross_entropy_backward(
+    L: NodeLowering, grad: Value, x: Value, t: Value, weight: Value | None = None, reduction: int = MEAN
+) -> Value:
     b = L.b
     acc = acc_dtype(x.dtype)
     x, t = L.to(x, acc), L.broadcast_to(L.to(t, acc), x.shape)
@@ -198,16 +222,27 @@ def binary_cross_entropy_backward(L: NodeLowering, grad: Value, x: Value, t: Val
 
 @register(aten.binary_cross_entropy_with_logits.default)
 def binary_cross_entropy_with_logits(
-    L: NodeLowering, x: Value, t: Value, weight: Value | None = None, pos_weight: Value | None = None, reduction: int = MEAN,
+    L: NodeLowering,
+    x: Value,
+    t: Value,
+    weight: Value | None = None,
+    pos_weight: Value | None = None,
+    reduction: int = MEAN,
 ) -> Value:
     b = L.b
     acc = acc_dtype(x.dtype)
     x, t = L.to(x, acc), L.broadcast_to(L.to(t, acc), x.shape)
     one = _c(L, 1, x)
     # log(1 + exp(-x)) computed stably: log1p(exp(-|x|)) + max(-x, 0)
-    softplus_neg = b.binary("add", b.unary("log_plus_one", b.unary("exponential", b.unary("negate", b.unary("abs", x)))), b.binary("maximum", b.unary("negate", x), L.zeros(x.shape, acc)))
+    softplus_neg = b.binary(
+        "add",
+        b.unary("log_plus_one", b.unary("exponential", b.unary("negate", b.unary("abs", x)))),
+        b.binary("maximum", b.unary("negate", x), L.zeros(x.shape, acc)),
+    )
     if pos_weight is not None:
         pw = L.broadcast_to(L.to(pos_weight, acc), x.shape)
-        softplus_neg = b.binary("multiply", b.binary("add", b.binary("multiply", b.binary("subtract", pw, one), t), one), softplus_neg)
+        softplus_neg = b.binary(
+            "multiply", b.binary("add", b.binary("multiply", b.binary("subtract", pw, one), t), one), softplus_neg
+        )
     loss = b.binary("add", b.binary("multiply", b.binary("subtract", one, t), x), softplus_neg)
     return _reduce(L, _weighted(L, loss, weight), reduction)

@@ -356,6 +356,63 @@ def _gumbel_keys(L: NodeLowering, logp: Value) -> Value:
     return b.binary("add", logp, g)
 
 
+_BAD_PROBS = "probability tensor contains either `inf`, `nan` or element < 0"
+_ZERO_SUM = "invalid multinomial distribution (sum of probabilities <= 0)"
+_ROW_ERRORS = (  # the CPU's with-replacement kernel, by the kind of the row's first bad entry
+    "invalid multinomial distribution (encountering probability entry < 0)",
+    "invalid multinomial distribution (encountering probability entry = infinity or NaN)",
+    _ZERO_SUM,
+)
+
+
+def _first_along_last(L: NodeLowering, bad: Value, v: Value) -> Value:
+    """``v`` at the first true element of ``bad`` along the last dim (0 where none is)."""
+    b = L.b
+    k = bad.shape[-1]
+    pos = b.iota(bad.shape, bad.rank - 1, torch.int64)
+    (first,) = b.reduce(
+        [b.select(bad, pos, L.full(k, bad.shape, torch.int64))],
+        [b.constant(k, torch.int64)],
+        [bad.rank - 1],
+        lambda acc, x: [b.binary("minimum", acc, x)],
+    )
+    hit = b.compare(pos, b.broadcast_in_dim(first, bad.shape, list(range(bad.rank - 1))), "EQ")
+    (picked,) = b.reduce(
+        [b.select(hit, v, L.zeros(v.shape, v.dtype))],
+        [b.constant(0, v.dtype)],
+        [bad.rank - 1],
+        lambda acc, x: [b.binary("add", acc, x)],
+    )
+    return picked
+
+
+def _check_probs(L: NodeLowering, p: Value, replacement: bool, n: int) -> None:
+    """The CPU's checks of the probabilities (XLA would sample from anything). One draw,
+    or none replaced, checks the whole tensor first; several draws with replacement check
+    row by row, naming the first bad entry's kind (NaN fails "entry >= 0")."""
+    b = L.b
+    i64 = torch.int64
+    zero = L.zeros(p.shape, p.dtype)
+    not_nonneg = b.unary("not", b.compare(p, zero, "GE"))
+    inf = b.compare(p, L.full(float("inf"), p.shape, p.dtype), "EQ")
+    (any_nonzero,) = b.reduce(
+        [b.compare(p, zero, "NE")], [b.constant(False, torch.bool)], [p.rank - 1], lambda acc, x: [b.binary("or", acc, x)]
+    )
+    all_zero = b.unary("not", any_nonzero)
+    if not replacement or n == 1:
+        L.check(b.binary("or", not_nonneg, inf), _BAD_PROBS)
+        L.check(all_zero, _ZERO_SUM)
+        return
+    kind = b.select(not_nonneg, L.full(1, p.shape, i64), L.full(2, p.shape, i64))
+    entry = _first_along_last(L, b.binary("or", not_nonneg, inf), kind)  # 0: the row's entries are fine
+    none = L.zeros(entry.shape, i64)
+    row = b.select(b.compare(entry, none, "NE"), entry, b.select(all_zero, L.full(3, entry.shape, i64), none))
+    flat = b.reshape(row, (math.prod(row.shape),))
+    code = _first_along_last(L, b.compare(flat, L.zeros(flat.shape, i64), "NE"), flat)
+    for c, message in enumerate(_ROW_ERRORS, 1):
+        L.check(b.compare(code, L.full(c, (), i64), "EQ"), message)
+
+
 @register(aten.multinomial.default, random=True)
 def multinomial(L: NodeLowering, probs: Value, num_samples: int, replacement: bool = False, **kwargs: Any) -> Value:
     out = L.out[0]
@@ -365,6 +422,7 @@ def multinomial(L: NodeLowering, probs: Value, num_samples: int, replacement: bo
     batch = p.shape[:-1]
     k = p.shape[-1]
     n = int(num_samples)
+    _check_probs(L, p, replacement, n)
     logp = b.unary("log", p)  # zero weight -> -inf: never drawn
     if not replacement:
         keys = _gumbel_keys(L, logp)
