@@ -426,8 +426,16 @@ def test_first_failure_wins_and_later_pending_checks_are_dropped():
     del y
 
 
-@pytest.mark.xfail(strict=True, reason="compile/fx_lowering.py does not return ctx.checks: compiled graphs skip device checks")
 def test_compiled_graphs_check_targets():
     f = torch.compile(lambda x, t: F.cross_entropy(x, t), backend="tpu")
     with pytest.raises(IndexError, match="Target 5 is out of bounds."):
         f(torch.randn(3, 4, device="tpu"), torch.tensor([0, 5, 1], device="tpu")).cpu()
+    # the graph stays usable, and a valid call after the failing one gives the CPU's loss
+    x, t = torch.randn(3, 4), torch.tensor([0, 3, 1])
+    assert torch.allclose(f(x.to("tpu"), t.to("tpu")).cpu(), F.cross_entropy(x, t), rtol=1.3e-6, atol=1e-5)
+
+
+def test_compiled_graphs_check_integer_division_by_zero():
+    f = torch.compile(lambda a, b: a // b, backend="tpu")
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        f(torch.tensor([4, 5], device="tpu"), torch.tensor([2, 0], device="tpu")).cpu()

@@ -31,6 +31,7 @@ import torch
 
 from .. import config, metrics
 from ..device.matmul_precision import current as current_precision
+from ..eager import checks
 from ..errors import TpuError
 from ..lowering import registry
 from ..lowering.context import NodeLowering, ProgramContext, ScalarValue
@@ -60,15 +61,18 @@ GRAPHS: weakref.WeakSet = weakref.WeakSet()  # every live CompiledGraph (tests, 
 class Program:
     """One compiled executable of a graph and how to read its results."""
 
-    __slots__ = ("key", "outputs", "n_new", "updates", "n_random", "text")
+    __slots__ = ("key", "outputs", "n_new", "updates", "n_random", "text", "check_messages")
 
-    def __init__(self, key: str, outputs: list, n_new: int, updates: list[int], n_random: int, text: str):
+    def __init__(
+        self, key: str, outputs: list, n_new: int, updates: list[int], n_random: int, text: str, check_messages: list
+    ):
         self.key = key  # the executable lives in runtime/cache.py (bounded): cache.fetch
         self.outputs = outputs  # per graph output: ("new", sizes, strides, dtype, numel) | ("input", i) | ("const", v)
         self.n_new = n_new  # how many program results are graph outputs (the rest: updated storages)
         self.updates = updates  # storage slots the program rewrites, in result order
         self.n_random = n_random  # RNG states the program consumes
         self.text = text
+        self.check_messages = check_messages  # device-side checks: their flags are the last results
 
 
 class _Call:
@@ -285,6 +289,10 @@ class CompiledGraph:
             inputs.append(_rng_states(prog.n_random))
         outs = pjrt.get().execute(cache.fetch(prog.key, prog.text, "a compiled graph evicted from the executable cache"), inputs)
         metrics.add("executions")
+        if prog.check_messages:  # a target out of range, a division by zero...: raised at the next wait
+            n = len(prog.check_messages)
+            checks.add(outs[-n:], f"compiled graph {self.name}", prog.check_messages, checks.user_source_line())
+            outs = outs[:-n]
         _track(outs)
         for slot, buf in zip(prog.updates, outs[prog.n_new :]):
             call.cells[slot].set(buf)
@@ -340,11 +348,12 @@ class CompiledGraph:
             if slot in params:  # the old buffer dies: let XLA reuse it for the new one
                 b.set_param_attr(params[slot], f"tf.aliasing_output = {n_new + k} : i32")
         outputs.extend(storage_result(b, current[s], call.cells[s].shape) for s in updates)
+        outputs.extend(flag for flag, _ in ctx.checks)
         text = b.module(outputs)
         what = f"compiled graph {self.name} {[k[2] for k in call.key if isinstance(k, tuple) and len(k) == 5]}"
         _dump(self.name, text, self.gm)
         key, _ = cache.compile_keyed(text, what)
-        return Program(key, specs, n_new, updates, hooks.n_random, text)
+        return Program(key, specs, n_new, updates, hooks.n_random, text, [m for _, m in ctx.checks])
 
     def _inputs(self, b: Any, call: _Call, bases: list[Value]) -> tuple[list[Any], dict[int, tuple]]:
         inputs: list[Any] = []
