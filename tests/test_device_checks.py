@@ -439,3 +439,20 @@ def test_compiled_graphs_check_integer_division_by_zero():
     f = torch.compile(lambda a, b: a // b, backend="tpu")
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         f(torch.tensor([4, 5], device="tpu"), torch.tensor([2, 0], device="tpu")).cpu()
+
+
+# -- shape rules the lowering checks while building (the CPU's types and messages) ---------
+def test_index_add_source_shape_is_checked():
+    x, index, source = torch.zeros(3, 2), torch.tensor([0, 1]), torch.ones(2)
+    with pytest.raises(RuntimeError, match=r"source tensor shape must match self tensor shape.*\[3, 2\].*\[2\]"):
+        x.index_add(0, index, source)  # the CPU refuses it; tpu returned a result
+    with pytest.raises(RuntimeError, match=r"source tensor shape must match self tensor shape.*\[3, 2\].*\[2\]"):
+        x.to("tpu").index_add(0, index.to("tpu"), source.to("tpu"))
+
+
+def test_as_strided_scatter_out_of_bounds_is_refused():
+    x, src = torch.zeros(16), torch.ones(2, 2)
+    with pytest.raises(RuntimeError, match="out of bounds for storage of size 64"):
+        torch.as_strided_scatter(x, src, (2, 2), (200, 200))
+    with pytest.raises(RuntimeError, match="out of bounds for storage of size 64"):
+        torch.as_strided_scatter(x.to("tpu"), src.to("tpu"), (2, 2), (200, 200))

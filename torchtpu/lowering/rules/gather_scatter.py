@@ -279,9 +279,25 @@ def _floor_div(L: NodeLowering, a: Value, d: Value) -> Value:
 
 
 # -- index_add / index_copy / index_fill ---------------------------------------------------------------------------
+def _check_index_source(x: Value, dim: int, index: Value, source: Value) -> None:
+    """index_add's shape rule (the CPU's index_add_cpu_ checks, with its messages)."""
+    if index.rank > 1:
+        raise IndexError("index_add_(): Index is supposed to be a vector")
+    rows = prod(index.shape)
+    if source.rank and source.shape[dim if source.rank > dim else 0] != rows:
+        raise IndexError("index_add_(): Number of indices should be equal to source.size(dim)")
+    same = source.rank == x.rank and all(s == t for k, (s, t) in enumerate(zip(source.shape, x.shape)) if k != dim)
+    if x.rank and source.rank and not same:
+        raise RuntimeError(
+            "source tensor shape must match self tensor shape, excluding the specified dimension. "
+            f"Got self.shape = {list(x.shape)} source.shape = {list(source.shape)}"
+        )
+
+
 @register(aten.index_add.default)
 def index_add(L: NodeLowering, x: Value, dim: int, index: Value, source: Value, alpha: Any = 1) -> Value:
     dim = wrap_dim(dim, x.rank)
+    _check_index_source(x, dim, index, source)
     source = L.to(source, x.dtype)
     if isinstance(alpha, Value) or alpha != 1:
         source = L.b.binary("multiply", source, L.full(alpha, source.shape, x.dtype))

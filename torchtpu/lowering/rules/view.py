@@ -304,7 +304,15 @@ def diagonal_scatter(L: NodeLowering, x: Value, src: Value, offset: int = 0, dim
 def as_strided_scatter(L: NodeLowering, x: Value, src: Value, size: Sequence[int], stride: Sequence[int], storage_offset: Any = None) -> Value:
     if prod(size) == 0:
         return x
-    return _write_strided(L, x, src, size, stride, int(storage_offset or 0))
+    offset = int(storage_offset or 0)
+    needed = offset + 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    if needed > prod(x.shape):  # the CPU's setStorage bounds check (as_strided_scatter's view of x)
+        item = x.dtype.itemsize
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize {item} "
+            f"requiring a storage size of {needed * item} are out of bounds for storage of size {prod(x.shape) * item}"
+        )
+    return _write_strided(L, x, src, size, stride, offset)
 
 
 # -- joining -------------------------------------------------------------------------------------------------------
