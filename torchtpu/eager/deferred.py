@@ -35,7 +35,7 @@ from ..lowering.context import ProgramContext
 from ..lowering.strided import storage_param, storage_result
 from ..runtime import cache, pjrt
 from ..tensor.storage import Cell, new_tensor
-from . import checks, rng
+from . import checks, rng, validate
 from .oplower import lower_op, scalar_params
 from .plan import KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
 
@@ -194,6 +194,7 @@ def _spec(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> tuple:
     and learns whether its program reports device-side checks."""
     from .dispatch import lower_single
 
+    validate.check(plan, values)  # the CPU's metadata checks, once per op key
     ctx, low = lower_single(plan, values, call)
     if ctx.checks:
         _CHECKED.add(key)

@@ -29,7 +29,7 @@ from ..lowering.strided import storage_param, storage_result
 from ..runtime import cache, pjrt
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, new_tensor
-from . import checks, modes, rng
+from . import checks, modes, rng, validate
 from .oplower import lifted, lower_op, scalar_params
 from .plan import (
     KIND_SCALAR,
@@ -203,6 +203,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     prog = _CACHE.get(key)
     if prog is None:
         try:
+            validate.check(plan, values)  # the CPU's metadata checks, once per key
             prog = _build(plan, values, call)
         except NotImplementedError:
             return _cpu_fallback_or_raise(op, args, kwargs)
@@ -302,6 +303,7 @@ def _resize_outs(plan: OpPlan, values: list[Any]) -> None:
         outs.extend(v if isinstance(v, (list, tuple)) else [v])
     for t, m in zip(outs, flat_meta):
         if isinstance(t, torch.Tensor) and isinstance(m, torch.Tensor) and t.shape != m.shape:
+            validate.before_resize(plan, values)  # the CPU checks memory overlap on out as given
             t.resize_(m.shape)
 
 

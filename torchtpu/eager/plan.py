@@ -17,6 +17,8 @@ from ..lowering import registry
 
 KIND_TENSOR, KIND_TENSOR_LIST, KIND_SCALAR, KIND_SCALAR_LIST, KIND_STATIC = range(5)
 _MISSING = object()
+# out= ops whose CPU kernels take the computation dtype from out when dtype= is None
+_DTYPE_FROM_OUT = {"sum", "nansum", "prod", "cumsum", "cumprod"}
 
 
 def _kind(t: Any) -> int:
@@ -108,6 +110,8 @@ class OpPlan:
         self.return_sources = self._return_sources(schema)
         self.single_return = len(schema.returns) == 1
         self.lift_scalars = functional in registry.RULES and functional not in registry.STATIC_SCALARS
+        # sum(x, 0, out=long_tensor): the CPU computes in out's dtype when dtype= is not given
+        self.dtype_from_out = bool(self.out_positions) and schema.name.split("::")[1] in _DTYPE_FROM_OUT
         self.random = functional in registry.RANDOM
 
     def _return_sources(self, schema: Any) -> list[tuple[str, int]]:
@@ -140,6 +144,8 @@ class OpPlan:
         for name, kwonly, idx, a in self.f_args:
             if idx >= 0:
                 v = values[idx]
+                if v is None and self.dtype_from_out and name == "dtype":
+                    v = values[self.out_positions[0]].dtype
             elif name == "dtype" and self.out_positions:  # factory out=: the result takes out's dtype
                 v = values[self.out_positions[0]].dtype
             else:
@@ -153,7 +159,13 @@ class OpPlan:
     def functional_meta(self, values: list[Any]) -> list[Any]:
         metas = [_meta(v) for v in values]
         fargs, fkwargs = self.functional_args(metas)
-        out = self.functional(*fargs, **fkwargs)
+        try:
+            out = self.functional(*fargs, **fkwargs)
+        except Exception:
+            from .validate import arguments  # the CPU's own message where its kernel words the refusal differently
+
+            arguments(self, values)
+            raise
         return list(out) if self.functional_returns_tuple else [out]
 
     def mutated_tensors(self, values: list[Any]) -> list[Any]:

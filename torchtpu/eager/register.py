@@ -40,9 +40,28 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
 
         return run_on_cpu(op, args, kwargs)
     name = op.name() if hasattr(op, "name") else str(op)
+    if name.startswith(("aten::_to_sparse", "aten::to_sparse")):  # dense -> sparse: no sparse layouts on tpu
+        raise sparse_not_supported(name)
     if op_report.recorder is not None:
         op_report.recorder.record(op_report.MISSING, name, "raised NotImplementedError")
     raise not_implemented(name)
+
+
+_SPARSE_LAYOUTS = "sparse_coo, sparse_csr, sparse_csc, sparse_bsr, sparse_bsc"
+
+
+def sparse_not_supported(op_name: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"torchtpu: sparse tensors ({_SPARSE_LAYOUTS} layouts) are not supported on the tpu device "
+        f"(in {op_name}). Convert with .to_dense() before moving the tensor to tpu, "
+        "or keep the sparse computation on the CPU and move its dense result with .to('tpu')."
+    )
+
+
+def _sparse_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Every op on (or creating) a sparse tpu tensor: our message, not the dispatcher's
+    'Could not run ... from the SparsePrivateUse1 backend'."""
+    raise sparse_not_supported(op.name() if hasattr(op, "name") else str(op))
 
 
 def register_runtime_kernels() -> None:
@@ -55,14 +74,24 @@ def register_runtime_kernels() -> None:
     fb.fallback(_fallback, "PrivateUse1")
     autocast = torch.library.Library("_", "IMPL")
     autocast.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
-    _libs.extend([lib, fb, autocast])
+    sparse = torch.library.Library("_", "IMPL")
+    for key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
+        sparse.fallback(_sparse_fallback, key)
+    _libs.extend([lib, fb, autocast, sparse])
 
 
 def _make_kernel(op: torch._ops.OpOverload) -> Any:
+    from .checks import TpuAsyncError
+    from .cpu_errors import raise_as_cpu
     from .dispatch import run
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        return run(op, args, kwargs)
+        try:
+            return run(op, args, kwargs)
+        except (NotImplementedError, TpuAsyncError):
+            raise  # a missing lowering (our message says what to do); an earlier op's device-side check
+        except Exception as e:  # noqa: BLE001 - the arguments were refused: say it as the CPU does
+            raise_as_cpu(op, args, kwargs, e)
 
     kernel.__name__ = f"tpu_{op.name()}"
     return kernel

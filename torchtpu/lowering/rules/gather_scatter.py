@@ -38,7 +38,8 @@ def _check_bounds(L: NodeLowering, idx: Value, size: int, dim: int, negative_ok:
     lo = L.full(-size if negative_ok else 0, idx.shape, torch.int64)
     hi = L.full(size, idx.shape, torch.int64)
     bad = L.b.binary("or", L.b.compare(idx, lo, "LT"), L.b.compare(idx, hi, "GE"))
-    L.check(bad, f"index out of range: an index is out of bounds for dimension {dim} with size {size}")
+    # the CPU's words, naming the first bad index (gather, scatter, index, index_put)
+    L.check(bad, f"index {{}} is out of bounds for dimension {dim} with size {size}", values=[idx])
 
 
 def _wrap_negative(L: NodeLowering, idx: Value, size: int, dim: int = 0) -> Value:
