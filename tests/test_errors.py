@@ -241,9 +241,6 @@ def test_empty_reductions(name: str, mode: str) -> None:
     same_as_cpu(EMPTY[name])
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the median lowering returns 0 for an empty input; the CPU returns nan (not a static rule)"
-)
 @pytest.mark.parametrize("name", ["median", "nanmedian"])
 def test_median_of_nothing_is_nan(name: str) -> None:
     same_as_cpu(lambda d: getattr(torch.empty(0, device=d), name)())

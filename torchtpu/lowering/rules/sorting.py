@@ -8,6 +8,7 @@ comparator that orders NaN as the largest value, as PyTorch does, and always sta
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -210,6 +211,8 @@ def median_dim(L: NodeLowering, x: Value, dim: int = -1, keepdim: bool = False) 
 
 @register(aten.median.default, aten.nanmedian.default)
 def median_all(L: NodeLowering, x: Value) -> Value:
+    if _numel(x.shape) == 0:  # the CPU's median of nothing is NaN
+        return L.full(math.nan, (), x.dtype)
     flat = L.b.reshape(x, (_numel(x.shape),))
     v, _ = _median(L, flat, 0, L.op is aten.nanmedian.default)
     return L.b.reshape(v, ())
