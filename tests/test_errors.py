@@ -546,3 +546,22 @@ def test_large_arguments_keep_our_error() -> None:
         assert "Tensors must have same number of dimensions" not in str(tpu.value)
     finally:
         cpu_errors.MAX_ELEMENTS = old
+
+
+# -- found by the OpInfo error-input run (tests/test_opinfo_errors.py) -----------------------
+ERROR_INPUT_FINDINGS: dict[str, Case] = {
+    "complex_mixed_dtypes": lambda d: torch.complex(torch.ones(2, device=d), torch.ones(2, dtype=torch.float64, device=d)),
+    "complex_integer_part": lambda d: torch.complex(torch.ones(2, device=d), torch.ones(2, dtype=torch.int32, device=d)),
+    "masked_scatter_byte_mask": lambda d: torch.zeros(3, device=d).masked_scatter_(
+        torch.tensor([1, 0, 1], dtype=torch.uint8, device=d), torch.ones(3, device=d)
+    ),
+    "cat_into_expanded_out": lambda d: torch.cat(
+        [torch.ones(2, 3, device=d), torch.ones(2, 3, device=d)], out=torch.empty(1, 3, device=d).expand(4, 3)
+    ),
+    "cat_into_an_input": lambda d: (lambda x: torch.cat([x[:2], x[2:]], out=x))(torch.ones(4, 3, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", ERROR_INPUT_FINDINGS)
+def test_error_input_findings(name: str) -> None:
+    same_as_cpu(ERROR_INPUT_FINDINGS[name])

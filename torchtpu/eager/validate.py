@@ -494,6 +494,32 @@ def _addr(plan: OpPlan, a: dict[str, Any]) -> None:
         raise RuntimeError(f"2D tensor expected, got {x.dim()}D tensor for input")
 
 
+def _complex(plan: OpPlan, a: dict[str, Any]) -> None:
+    real, imag = a["real"], a["imag"]
+    if not {real.dtype, imag.dtype} <= {torch.float16, torch.float32, torch.float64}:
+        raise RuntimeError(
+            "Expected both inputs to be Half, Float or Double tensors but got "
+            f"{scalar_name(real.dtype)} and {scalar_name(imag.dtype)}"
+        )
+    if real.dtype != imag.dtype:
+        raise RuntimeError(
+            f"Expected object of scalar type {scalar_name(real.dtype)} but got scalar type "
+            f"{scalar_name(imag.dtype)} for second argument"
+        )
+
+
+def _masked_scatter(plan: OpPlan, a: dict[str, Any]) -> None:
+    mask = a["mask"]
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype {scalar_name(mask.dtype)}")
+    _masked_scatter_source(plan, a)
+
+
+_masked_scatter_source = _same_dtype(
+    "source", "masked_scatter: expected self and source to have same dtypes but got{S} and {A}"
+)
+
+
 _INPUT_RULES: dict[str, Callable[[OpPlan, dict[str, Any]], None]] = {
     "index_add": _same_dtype("source", "index_add_(): self ({S}) and source ({A}) must have the same scalar type"),
     "index_reduce": _same_dtype("source", "index_reduce_(): self ({S}) and source ({A}) must have the same scalar type"),
@@ -507,7 +533,8 @@ _INPUT_RULES: dict[str, Callable[[OpPlan, dict[str, Any]], None]] = {
     "scatter": _same_dtype("src", "scatter(): Expected self.dtype to be equal to src.dtype"),
     "scatter_add": _same_dtype("src", "scatter(): Expected self.dtype to be equal to src.dtype"),
     "scatter_reduce": _same_dtype("src", "scatter(): Expected self.dtype to be equal to src.dtype"),
-    "masked_scatter": _same_dtype("source", "masked_scatter: expected self and source to have same dtypes but got{S} and {A}"),
+    "masked_scatter": _masked_scatter,
+    "complex": _complex,
     "lerp": _same_dtype("end", "expected dtype {s} for `end` but got dtype {a}"),
     "sub": _sub,
     "heaviside": _heaviside,
@@ -684,6 +711,7 @@ _OVERLAP.update(
         "put": Overlap(True, (), ("index", "source")),
         "take": Overlap(True, (), ("self", "index")),
         "linalg_cross": Overlap(False, (), ("self", "other")),
+        "cat": Overlap(True, (), ("tensors",)),  # cat's meta: out against every input
     }
 )
 
