@@ -558,6 +558,10 @@ ERROR_INPUT_FINDINGS: dict[str, Case] = {
     "cat_into_expanded_out": lambda d: torch.cat(
         [torch.ones(2, 3, device=d), torch.ones(2, 3, device=d)], out=torch.empty(1, 3, device=d).expand(4, 3)
     ),
+    "masked_select_into_expanded_out": lambda d: torch.masked_select(
+        torch.ones(3, device=d), torch.tensor([True, False, True], device=d), out=torch.empty(1, device=d).expand(2)
+    ),
+    "nonzero_into_its_input": lambda d: (lambda x: torch.nonzero(x, out=x))(torch.ones(2, 2, dtype=torch.long, device=d)),
     "cat_into_an_input": lambda d: (lambda x: torch.cat([x[:2], x[2:]], out=x))(torch.ones(4, 3, device=d)),
 }
 

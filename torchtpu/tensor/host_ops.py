@@ -117,11 +117,19 @@ def _on_host(op: Any) -> Any:
     return kernel
 
 
-def _into_out(fn: Any) -> Any:
+def _into_out(fn: Any, checks_overlap: bool = False) -> Any:
     """The out= form of a data-dependent op: compute, then resize ``out`` and copy (as the
-    CPU kernels do)."""
+    CPU kernels do). ``checks_overlap``: the CPU kernel first refuses an ``out`` that
+    overlaps itself or an input (nonzero, masked_select), before resizing it."""
 
     def kernel(*args: Any, out: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if checks_overlap:
+            from ..eager.validate import assert_no_internal_overlap, assert_no_overlap
+
+            assert_no_internal_overlap(out)
+            for a in args:
+                if isinstance(a, torch.Tensor):
+                    assert_no_overlap(out, a)
         result = fn(*args, **kwargs)
         out.resize_(result.shape)
         return out.copy_(result)
@@ -151,8 +159,8 @@ def kernels() -> dict[Any, Any]:
         aten.index_put_.default: _index_put_kernel(aten.index_put_.default),
         aten.index_put.default: _index_put_kernel(aten.index_put.default),
         aten._index_put_impl_.default: _index_put_kernel(aten._index_put_impl_.default),
-        aten.nonzero.out: _into_out(nonzero),
-        aten.masked_select.out: _into_out(masked_select),
+        aten.nonzero.out: _into_out(nonzero, checks_overlap=True),
+        aten.masked_select.out: _into_out(masked_select, checks_overlap=True),
         **{op: _on_host(op) for op in (*_UNIQUE_OPS, *_HOST_OPS)},
         aten.bincount.out: _into_out(_on_host(aten.bincount.default)),
     }
