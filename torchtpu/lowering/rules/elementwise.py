@@ -13,6 +13,7 @@ from ...stablehlo.builder import Value
 from ...stablehlo.types import is_complex, is_float, is_unsigned
 from ..context import NodeLowering, ScalarValue, TensorSpec
 from ..registry import register
+from .complex import COMPLEX_FIXED, complex_unary, modulus
 from .reduction import acc_dtype
 
 aten = torch.ops.aten
@@ -90,13 +91,17 @@ _UNARY_HLO = {
 }
 # ops that keep integer dtypes (the rest compute in float)
 _INT_OK = {aten.abs, aten.neg, aten.floor, aten.ceil, aten.round}
+# CHLO expansions whose float32 form is far less accurate than the CPU's libm, computed in
+# float64 where the platform has it: chlo.lgamma's absolute error on [-6, 6] reaches 4.7e-6
+# (glibc's lgammaf: 4.5e-7), which sums of lgamma (mvlgamma) turn into 3e-4 relative.
+_WIDE_IN_F64 = {"chlo.lgamma"}
 
 
 def _unary(hlo: str, int_ok: bool) -> Any:
     def rule(L: NodeLowering, x: Value) -> Value:
         out = L.out[0].dtype
         if is_complex(x.dtype) and not is_complex(out):  # abs: complex -> its real modulus
-            return L.b.op1(hlo, [x], x.shape, out)
+            return modulus(L, x) if hlo == "stablehlo.abs" else L.b.op1(hlo, [x], x.shape, out)
         if int_ok and not is_float(x.dtype) and not is_complex(x.dtype):
             if hlo in ("stablehlo.floor", "stablehlo.ceil", "stablehlo.round_nearest_even"):
                 return x
@@ -104,6 +109,10 @@ def _unary(hlo: str, int_ok: bool) -> Any:
                 return x
             return L.b.op1(hlo, [x], x.shape, x.dtype)
         x = L.to(x, out)
+        if is_complex(x.dtype) and hlo in COMPLEX_FIXED:
+            return complex_unary(L, hlo, x)
+        if hlo in _WIDE_IN_F64 and out in (torch.float32, *_HALF) and L.ctx.supports_f64:
+            return L.to(L.b.op1(hlo, [L.to(x, torch.float64)], x.shape, torch.float64), out)
         if out in _HALF and not int_ok:
             # The CPU computes 16-bit math functions in float32 and rounds once (XLA's own fp16
             # logistic was 1.7x farther from float64, and CHLO expansions are inaccurate in 16 bits).
@@ -130,6 +139,12 @@ def sign(L: NodeLowering, x: Value) -> Value:
         return x
     if is_unsigned(x.dtype):
         return L.to(L.b.compare(x, L.zeros(x.shape, x.dtype), "NE"), x.dtype)
+    if is_float(x.dtype):
+        # The CPU computes (0 < x) - (x < 0): sign(NaN) is 0 (StableHLO's sign gives NaN)
+        # and sign(-0.0) is +0.0.
+        zero = L.zeros(x.shape, x.dtype)
+        positive = L.to(L.b.compare(x, zero, "GT"), x.dtype)
+        return L.b.binary("subtract", positive, L.to(L.b.compare(x, zero, "LT"), x.dtype))
     return L.b.unary("sign", x)
 
 
@@ -153,6 +168,10 @@ def log_base(L: NodeLowering, x: Value) -> Value:
 
     x = L.to(x, L.out[0].dtype)
     base = 2.0 if L.op is aten.log2.default else 10.0
+    if is_complex(x.dtype):
+        # the CPU divides log(z) by the real log(base) part by part; a complex division
+        # by log(base) + 0i turns an infinite real part into NaN + NaN i
+        return _scale_parts(L, L.b.unary("log", x), 1.0 / math.log(base), divide=math.log(base))
     return L.b.binary("divide", L.b.unary("log", x), L.full(math.log(base), x.shape, x.dtype))
 
 
@@ -160,7 +179,22 @@ def log_base(L: NodeLowering, x: Value) -> Value:
 @in_opmath
 def exp2(L: NodeLowering, x: Value) -> Value:
     x = L.to(x, L.out[0].dtype)
+    if is_complex(x.dtype):
+        # 2^z = exp(z log 2) with z log 2 scaled part by part (XLA's complex power gives
+        # NaN for 2^(inf + 0i), where the CPU gives inf)
+        return complex_unary(L, "stablehlo.exponential", _scale_parts(L, x, math.log(2.0)))
     return L.b.binary("power", L.full(2, x.shape, x.dtype), x)
+
+
+def _scale_parts(L: NodeLowering, z: Value, factor: float, divide: float | None = None) -> Value:
+    """A complex ``z`` with both parts multiplied by ``factor`` (or divided by ``divide``)."""
+    from .complex import imag, make_complex, real
+
+    re, im = real(L, z), imag(L, z)
+    op, c = ("divide", divide) if divide is not None else ("multiply", factor)
+    k = L.full(c, re.shape, re.dtype)
+    k = _opaque(L, k) if divide is not None else k  # a true division (see _opaque)
+    return make_complex(L, L.b.binary(op, re, k), L.b.binary(op, im, k))
 
 
 @register(aten.logical_not.default)
@@ -778,21 +812,35 @@ def hypot(L: NodeLowering, x: Any, y: Any) -> Value:
     m_is_zero = b.compare(m, zero, "EQ")
     r = b.binary("divide", n, b.select(m_is_zero, one, m))
     res = b.binary("multiply", m, b.unary("sqrt", b.binary("add", one, b.binary("multiply", r, r))))
+    # hypot(inf, nan) is inf, as C's hypot; maximum(inf, nan) is NaN, so test both operands
     inf = L.full(float("inf"), m.shape, work)
-    return b.select(b.compare(m, inf, "EQ"), inf, res)  # hypot(inf, nan) is inf
+    either_inf = b.binary("or", b.compare(ax, inf, "EQ"), b.compare(ay, inf, "EQ"))
+    return b.select(either_inf, inf, res)
 
 
 @register(aten.round.decimals)
 def round_decimals(L: NodeLowering, x: Value, decimals: int = 0) -> Value:
-    """As the CPU kernel: nearbyint(x * p) / p with p = 10^d computed in x's dtype."""
+    """As the CPU kernel: in opmath, with t = 10^|d|, nearbyint(x * t) / t, or for d < 0
+    nearbyint(x / t) * t."""
     b = L.b
     if decimals == 0 or not is_float(x.dtype):
         return b.unary("round_nearest_even", x) if is_float(x.dtype) else x
-    ten = torch.tensor(10.0, dtype=x.dtype) ** abs(decimals)
+    out = x.dtype
+    x = L.to(x, _opmath(out))
+    t = _opaque(L, L.full(10.0 ** abs(decimals) if abs(decimals) < 309 else math.inf, x.shape, x.dtype))
     if decimals < 0:
-        ten = 1.0 / ten
-    p = L.full(ten.item(), x.shape, x.dtype)
-    return b.binary("divide", b.unary("round_nearest_even", b.binary("multiply", x, p)), p)
+        r = b.binary("multiply", b.unary("round_nearest_even", b.binary("divide", x, t)), t)
+    else:
+        r = b.binary("divide", b.unary("round_nearest_even", b.binary("multiply", x, t)), t)
+    return L.to(r, out)
+
+
+def _opaque(L: NodeLowering, c: Value) -> Value:
+    """``c`` behind an optimization barrier: XLA rewrites a division by a constant into a
+    multiplication by its rounded reciprocal (x / 1000 becomes x * 0.001, an ulp off for
+    half the inputs); dividing by an opaque value rounds once, as the CPU does."""
+    (v,) = L.b.op("stablehlo.optimization_barrier", [c], [(c.shape, c.dtype)])
+    return v
 
 
 # prims that PyTorch's decompositions (torch._refs) emit and that mean exactly their aten op

@@ -16,6 +16,7 @@ from ...stablehlo.builder import Value
 from ...stablehlo.types import is_complex, is_float
 from ..context import NodeLowering
 from ..registry import register
+from .complex import modulus
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -209,37 +210,80 @@ def argmax(L: NodeLowering, x: Value, dim: int | None = None, keepdim: bool = Fa
 
 
 # -- var/std -----------------------------------------------------------------------------------
-def _abs2(L: NodeLowering, d: Value) -> Value:
-    b = L.b
-    if is_complex(d.dtype):
-        real = torch.float32 if d.dtype is torch.complex64 else torch.float64
-        re = b.op1("stablehlo.real", [d], d.shape, real)
-        im = b.op1("stablehlo.imag", [d], d.shape, real)
-        return b.binary("add", b.binary("multiply", re, re), b.binary("multiply", im, im))
-    return b.binary("multiply", d, d)
+def var_keep(L: NodeLowering, x: Value, dims: Sequence[int], correction: Any = 1) -> tuple[Value, Value, Value | None]:
+    """(var / scale^2, mean, scale) with keepdim, in x's accumulation dtype (two-pass).
 
-
-def var_keep(L: NodeLowering, x: Value, dims: Sequence[int], correction: Any = 1) -> tuple[Value, Value]:
-    """(var, mean) with keepdim, in x's accumulation dtype (two-pass)."""
+    The CPU accumulates float32 var/std in double, so a slice holding values near
+    float32's max still gets a finite std (and mean) where the true one is finite; float32
+    squares would overflow. Each slice is scaled by a power of two near its largest
+    magnitude first (exact, so ordinary inputs round as before) and scaled back at the end.
+    The CPU's complex var is the real part's var plus the imaginary part's."""
+    if is_complex(x.dtype):
+        real = torch.float32 if x.dtype is torch.complex64 else torch.float64
+        re = L.b.op1("stablehlo.real", [x], x.shape, real)
+        im = L.b.op1("stablehlo.imag", [x], x.shape, real)
+        scale = _pow2_scale(L, L.b.binary("maximum", L.b.unary("abs", re), L.b.unary("abs", im)), dims)
+        (vr, mr), (vi, mi) = (_scaled_var(L, part, dims, correction, scale) for part in (re, im))
+        v = L.b.binary("add", vr, vi)
+        return v, L.b.op1("stablehlo.complex", [mr, mi], mr.shape, x.dtype), scale
+    scale = _pow2_scale(L, L.b.unary("abs", x), dims)
     x = L.to(x, acc_dtype(x.dtype))
+    return (*_scaled_var(L, x, dims, correction, scale), scale)
+
+
+def _scaled_var(L: NodeLowering, x: Value, dims: Sequence[int], correction: Any, scale: Value | None) -> tuple[Value, Value]:
+    """(var / scale^2, mean) of real ``x`` with keepdim; ``scale`` None means 1."""
+    b = L.b
+    if scale is not None:
+        x = b.binary("divide", x, L.broadcast_to(scale, x.shape))
     m = mean_keep(L, x, dims)
-    d = L.b.binary("subtract", x, L.broadcast_to(m, x.shape))
-    ss = sum_keep(L, _abs2(L, d), dims)
+    d = b.binary("subtract", x, L.broadcast_to(m, x.shape))
+    ss = sum_keep(L, b.binary("multiply", d, d), dims)
     n = numel(x.shape, dims)
     denom = max(0.0, n - (1 if correction is None else float(correction)))
-    return L.b.binary("divide", ss, L.full(denom, ss.shape, ss.dtype)), m
+    v = b.binary("divide", ss, L.full(denom, ss.shape, ss.dtype))
+    return v, m if scale is None else b.binary("multiply", m, scale)
 
 
-def _var_common(L: NodeLowering, x: Value, dim: Any, correction: Any) -> tuple[Value, Value]:
-    dims = norm_dims(dim, x.rank)
-    return var_keep(L, x, dims, correction)
+def _pow2_scale(L: NodeLowering, magnitude: Value, dims: Sequence[int]) -> Value | None:
+    """Per slice (keepdim): 2^floor(log2(max |x|)) (at most 2^126) for float32 and bfloat16
+    (a float32 result), 1 where that max is 0, inf or NaN (those rows keep the CPU's inf/NaN
+    arithmetic); None for the other dtypes: the CPU's float64 Welford overflows where the
+    two-pass does, and float32 holds the squares of float16."""
+    if magnitude.dtype not in (torch.float32, torch.bfloat16) or not dims:
+        return None
+    b = L.b
+    magnitude = L.to(magnitude, torch.float32)
+    top = b.reshape(reduce_extreme(L, magnitude, dims, True), keep_shape(magnitude.shape, dims))
+    bits = b.bitcast_convert(top, top.shape, torch.int32)
+    exponent = b.binary("and", bits, L.full(0x7F800000, top.shape, torch.int32))
+    # at most 2^126: XLA may divide by multiplying with the reciprocal, and 2^-127 is
+    # subnormal (flushed to zero)
+    exponent = b.binary("minimum", exponent, L.full(0x7E800000, top.shape, torch.int32))
+    scale = b.bitcast_convert(exponent, top.shape, torch.float32)
+    usable = b.binary("and", b.compare(scale, L.zeros(top.shape, torch.float32), "GT"), b.unary("is_finite", top, torch.bool))
+    return b.select(usable, scale, L.full(1.0, top.shape, torch.float32))
+
+
+def _var_common(L: NodeLowering, x: Value, dim: Any, correction: Any, take_sqrt: bool = False) -> tuple[Value, Value]:
+    """(var or std, mean) with keepdim, scaled back to x's range."""
+    b = L.b
+    v, m, scale = var_keep(L, x, norm_dims(dim, x.rank), correction)
+    if scale is not None and (not take_sqrt or is_complex(x.dtype)):
+        # var * scale * scale: the square of a float32 scale may overflow. The CPU's complex
+        # std is the root of a float32 var (the parts' vars added), which overflows first.
+        v, scale = b.binary("multiply", b.binary("multiply", v, scale), scale), None
+    if take_sqrt:
+        v = b.unary("sqrt", v)
+    if scale is not None:
+        v = b.binary("multiply", v, scale)
+    return v, m
 
 
 @register(aten.var.correction, aten.std.correction, aten.var_mean.correction, aten.std_mean.correction, static_scalars=True)
 def var(L: NodeLowering, x: Value, dim: Any = None, correction: Any = None, keepdim: bool = False) -> Any:
-    v, m = _var_common(L, x, dim, correction)
-    if L.op in (aten.std.correction, aten.std_mean.correction):
-        v = L.b.unary("sqrt", v)
+    take_sqrt = L.op in (aten.std.correction, aten.std_mean.correction)
+    v, m = _var_common(L, x, dim, correction, take_sqrt)
     if L.op in (aten.var_mean.correction, aten.std_mean.correction):
         return _out(L, v, 0), _out(L, m, 1)
     return _out(L, v)
@@ -395,8 +439,7 @@ def any_all(L: NodeLowering, x: Value, dim: Any = None, keepdim: bool = False) -
 
 def _real_abs(L: NodeLowering, x: Value) -> Value:
     if is_complex(x.dtype):
-        real = torch.float32 if x.dtype is torch.complex64 else torch.float64
-        return L.b.op1("stablehlo.abs", [x], x.shape, real)
+        return modulus(L, x)
     return L.b.unary("abs", x)
 
 
@@ -412,7 +455,11 @@ def linalg_vector_norm(L: NodeLowering, x: Value, ord: Any = 2, dim: Any = None,
     a = L.to(a, acc_dtype(out))
     dims = norm_dims(dim, x.rank)
     p = float(ord)
-    if p == math.inf:
+    if all(x.shape[d] == 1 for d in dims):
+        # The CPU returns |x| (ord 0: x != 0) when every reduced dim has size 1, without
+        # the power and root that overflow for |x|^p beyond the dtype's range.
+        r = L.to(b.compare(a, L.zeros(a.shape, a.dtype), "NE"), a.dtype) if p == 0 else a
+    elif p == math.inf:
         r = reduce_extreme(L, a, dims, True)
     elif p == -math.inf:
         r = reduce_extreme(L, a, dims, False)

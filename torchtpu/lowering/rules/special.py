@@ -615,9 +615,19 @@ def _k_domain(x: _X, r: _X) -> _X:
     return _where(x.eq(0.0), math.inf, _where(x < 0.0, math.nan, r))
 
 
-def _k0_small(x: _X) -> _X:
+def _k0_small(x: _X, log_half_x: _X | None = None) -> _X:
     """K0 on (0, 2]."""
-    return _chbevl(x * x - 2.0, _K0_A) - _log(0.5 * x) * i0(x)
+    log_half_x = _log(0.5 * x) if log_half_x is None else log_half_x
+    return _chbevl(x * x - 2.0, _K0_A) - log_half_x * i0(x)
+
+
+def _log_half_wide(x: _X) -> _X:
+    """log(0.5 * x) as modified_bessel_k0_forward computes it: ``0.5`` is a double literal
+    there, so in float32 the product is a double and never subnormal; here it would be, and
+    be flushed to zero (log -inf) for x < 2^-125, so those x take log(x) - log(2)."""
+    if _is_f64(x):
+        return _log(0.5 * x)
+    return _where(x < 2.0**-125, _log(x) - math.log(2.0), _log(0.5 * x))
 
 
 def _k1_small(x: _X) -> _X:
@@ -628,7 +638,7 @@ def _k1_small(x: _X) -> _X:
 @_unary_rule(aten.special_modified_bessel_k0.default)
 def modified_bessel_k0(x: _X) -> _X:
     large = _exp(-x) * _chbevl(8.0 / x - 2.0, _K0_B) / _sqrt(x)
-    return _k_domain(x, _where(x <= 2.0, _k0_small(x), large))
+    return _k_domain(x, _where(x <= 2.0, _k0_small(x, _log_half_wide(x)), large))
 
 
 @_unary_rule(aten.special_modified_bessel_k1.default)
