@@ -19,7 +19,7 @@ demo: $(STAMP)
 # ("no tests collected") is turned into a failure.
 TEST_JOBS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile; rc=$$?; \
+	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
 # Everything, including the long suites.

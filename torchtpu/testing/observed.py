@@ -18,7 +18,7 @@ from dataclasses import dataclass
 GROWTH = 2.0
 
 # Kinds of failure, in the order a report lists them.
-KINDS = ("missing", "error", "meta", "mismatch")
+KINDS = ("missing", "accepted", "error", "message", "meta", "mismatch")
 
 
 @dataclass
@@ -26,7 +26,9 @@ class SampleFailure:
     """One sample that failed: how, and for wrong values by how much.
 
     ``kind``: ``missing`` (NotImplementedError: no lowering), ``error`` (any other
-    exception), ``meta`` (shapes, dtypes, devices or structure differ from the CPU's),
+    exception; for an error input, an exception of another type than the CPU's),
+    ``accepted`` (an error input the CPU refuses returns a result on tpu), ``message``
+    (an error input raises the CPU's type with a message not matching OpInfo's), ``meta`` (shapes, dtypes, devices or structure differ from the CPU's),
     ``mismatch`` (values differ beyond the tolerance and the tpu result is farther from
     the float64 reference than the CPU's, or there is no float64 reference).
     ``tpu_f64``/``cpu_f64``: the summed absolute error of each result against the sample

@@ -11,6 +11,7 @@ import functools
 import itertools
 import json
 import math
+import re
 import time
 import traceback
 import unittest
@@ -23,9 +24,10 @@ from torch.utils._pytree import tree_flatten
 
 from ..eager import checks
 from . import expected_failures as xf
+from . import extremal
 from .observed import SampleFailure, judge
 
-MODES = ("fwd", "grad", "inplace", "out")
+MODES = ("fwd", "grad", "inplace", "out", "errors", "extremal")
 
 # What the platforms support (complex and the storage-only unsigned types are switched off
 # in expected_failures.SKIPPED_DTYPES).
@@ -128,6 +130,10 @@ def mode_applies(op: Any, dtype: torch.dtype, mode: str) -> bool:
         return op.inplace_variant is not None
     if mode == "out":
         return bool(op.supports_out)
+    if mode == "errors":  # error inputs build their own dtypes: one case per op, named by its first dtype
+        return op.error_inputs_func is not None and platform_dtypes(op)[:1] == [dtype]
+    if mode == "extremal":
+        return extremal.kind(op) is not None and dtype != torch.bool
     raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
 
 
@@ -289,6 +295,25 @@ def _run_fwd(op: Any, sample: Any) -> Outputs:
     return Outputs(actual, expected, lambda: _forward(op, sample.transform(_to_float64)))
 
 
+def _ints_to_float64(t: Any) -> Any:
+    if isinstance(t, torch.Tensor) and not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+        return t.to(torch.float64)
+    return _to_float64(t)
+
+
+def _run_extremal(op: Any, sample: Any) -> Outputs:
+    """The forward on extremal values; subnormal samples against the CPU flushing them.
+    The float64 reference of an elementwise op on integers (cosh of an int64 tensor is
+    computed in float32) takes the integers as float64."""
+    with extremal.cpu_flushing_like_xla(sample):
+        out = _run_fwd(op, sample)
+        try:
+            precise = _forward(op, sample.transform(_ints_to_float64))
+        except Exception:  # noqa: BLE001 - no float64 reference for this sample
+            return Outputs(out.actual, out.expected, None)
+    return Outputs(out.actual, out.expected, lambda: precise)
+
+
 def _run_inplace(op: Any, sample: Any) -> Outputs:
     fn = op.inplace_variant
 
@@ -382,12 +407,76 @@ def _run_grad(op: Any, sample: Any) -> Outputs:
     return Outputs(actual, expected, precise)
 
 
-_RUNNERS: dict[str, Callable[[Any, Any], Outputs]] = {
+_RUNNERS: dict[str, Callable[[Any, Any], Outputs] | None] = {
     "fwd": _run_fwd,
     "grad": _run_grad,
     "inplace": _run_inplace,
     "out": _run_out,
+    "errors": None,  # _check_error_input
+    "extremal": _run_extremal,
 }
+
+
+# ---------------------------------------------------------------------------
+# error inputs: the same exception as the CPU
+# ---------------------------------------------------------------------------
+def _raised(fn: Callable[[], Any]) -> BaseException | None:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the exception is the result
+        return e
+    return None
+
+
+def _run_to_completion(op: Any, sample: Any) -> None:
+    """Call the op on tpu and wait for it: a device-side check raises at the wait."""
+    from ..eager import dispatch
+
+    _host(op(sample.input, *sample.args, **sample.kwargs))
+    dispatch.synchronize()
+
+
+def _error_input_pairs(op: Any) -> Iterator[tuple[Any, Any]]:
+    """Each error input built for the CPU and, from the same seed, for tpu. Built on the
+    device, not moved there: an error input's point is often its layout (an expanded
+    ``out=``, an ``out=`` that is an input), which a copy to tpu would not keep."""
+    torch.manual_seed(0)
+    cpu = list(op.error_inputs("cpu"))
+    torch.manual_seed(0)
+    try:
+        tpu = list(op.error_inputs("tpu"))  # a string, as PyTorch's tests pass it (some generators call .startswith)
+    except Exception:  # noqa: BLE001 - a generator that cannot build on tpu: move the CPU's
+        tpu = []
+    # some generators add CPU-only inputs: pair each CPU input with the next tpu input
+    # expecting the same error (none left: the CPU's, moved)
+    pending = list(tpu)
+    for ei in cpu:
+        match = next((i for i, t in enumerate(pending) if (t.error_type, t.error_regex) == (ei.error_type, ei.error_regex)), None)
+        yield ei, None if match is None else pending.pop(match)
+
+
+def _check_error_input(index: int, op: Any, pair: tuple[Any, Any]) -> SampleFailure | None:
+    """PyTorch's ``test_errors`` on tpu: the op must raise ``error_type`` with a message
+    matching ``error_regex``, as it does on the CPU (an input the CPU does not refuse that
+    way is not compared)."""
+    error_input, on_tpu = pair
+    sample, expected, regex = error_input.sample_input, error_input.error_type, error_input.error_regex
+    cpu = _raised(lambda: op(sample.input, *sample.args, **sample.kwargs))
+    if not isinstance(cpu, expected) or not re.search(regex, str(cpu)):
+        raise _CpuRefused(f"the CPU does not raise {expected.__name__} matching {regex!r}")
+    checks.clear()
+    tpu_sample = _on_tpu(sample, op) if on_tpu is None else on_tpu.sample_input
+    got = _raised(lambda: _run_to_completion(op, tpu_sample))
+    cpu_says = f"the CPU raises {type(cpu).__name__}: {_first_line(cpu)}"
+    if got is None:
+        return SampleFailure(index, "accepted", f"tpu returns a result; {cpu_says}")
+    if isinstance(got, NotImplementedError) and not issubclass(expected, NotImplementedError):
+        return SampleFailure(index, "missing", _first_line(got), _where(got))
+    if not isinstance(got, expected):
+        return SampleFailure(index, "error", f"{type(got).__name__}: {_first_line(got)}; {cpu_says}", _where(got))
+    if not re.search(regex, str(got)):
+        return SampleFailure(index, "message", f"{_first_line(got)}; {cpu_says}", _where(got))
+    return None
 
 
 # ---------------------------------------------------------------------------
@@ -486,7 +575,7 @@ def compare(index: int, out: Outputs, dtype: torch.dtype, override: Tolerance | 
         return None
     except AssertionError as e:
         failure = _mismatch(index, actual, expected, override, _first_lines(e))
-    if dtype in _REFEREED and out.precise is not None:
+    if out.precise is not None and (dtype in _REFEREED or _inexact(expected)):
         try:
             precise = _host(out.precise())
         except Exception:  # noqa: BLE001 - no float64 reference for this sample: the mismatch stands
@@ -499,12 +588,22 @@ def compare(index: int, out: Outputs, dtype: torch.dtype, override: Tolerance | 
     return failure
 
 
+def _inexact(outputs: list[Any]) -> bool:
+    """Whether every output is a float32/16-bit/complex64 tensor (an integer op's float result)."""
+    return all(isinstance(t, torch.Tensor) and t.dtype in _REFEREED for t in outputs)
+
+
 def _kwargs(override: Tolerance | None) -> dict[str, Any]:
     return {} if override is None else {"atol": override.atol, "rtol": override.rtol}
 
 
 def _samples(op: Any, dtype: torch.dtype, mode: str, max_samples: int | None) -> Iterator[Any]:
-    gen = op.sample_inputs("cpu", dtype, requires_grad=(mode == "grad"))
+    if mode == "errors":
+        gen = _error_input_pairs(op)
+    elif mode == "extremal":
+        gen = extremal.samples(op, dtype)
+    else:
+        gen = op.sample_inputs("cpu", dtype, requires_grad=(mode == "grad"))
     return itertools.islice(gen, max_samples) if max_samples else iter(gen)
 
 
@@ -550,13 +649,16 @@ def run_samples(case: Case, max_samples: int | None = None) -> SampleRun:
     """Run every sample of the case (up to ``max_samples``)."""
     op = _ops_by_id()[case.op_id]
     dtype = getattr(torch, case.dtype)
-    override, runner = _tolerance(op, dtype), _RUNNERS[case.mode]
+    override, runner = _tolerance(op, dtype), _RUNNERS[case.mode]  # None: an error-input case
     run = SampleRun([], [], 0)
     torch.manual_seed(0)  # the same samples whatever ran before (entries name samples by index)
     for index, sample in enumerate(_samples(op, dtype, case.mode, max_samples)):
         checks.clear()  # a device-side error left by an earlier sample is not this one's
         try:
-            outcome = compare(index, runner(op, sample), dtype, override)
+            if runner is None:
+                outcome = _check_error_input(index, op, sample)
+            else:
+                outcome = compare(index, runner(op, sample), dtype, override)
         except _CpuRefused:
             continue
         except Exception as e:  # noqa: BLE001 - every failure is reported, none aborts the run
