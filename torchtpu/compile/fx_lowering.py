@@ -289,10 +289,8 @@ class CompiledGraph:
             inputs.append(_rng_states(prog.n_random))
         outs = pjrt.get().execute(cache.fetch(prog.key, prog.text, "a compiled graph evicted from the executable cache"), inputs)
         metrics.add("executions")
-        if prog.check_messages:  # a target out of range, a division by zero...: raised at the next wait
-            n = len(prog.check_messages)
-            checks.add(outs[-n:], f"compiled graph {self.name}", prog.check_messages, checks.user_source_line())
-            outs = outs[:-n]
+        # a target out of range, a division by zero...: raised at the next wait
+        outs = checks.take_flags(outs, f"compiled graph {self.name}", prog.check_messages)
         _track(outs)
         for slot, buf in zip(prog.updates, outs[prog.n_new :]):
             call.cells[slot].set(buf)

@@ -76,6 +76,16 @@ def add(flags: list[Any], op: str, messages: list[str], where: str) -> None:
             _pending.append((buf, op, msg, where))
 
 
+def take_flags(outs: list[Any], op: str, messages: list[str]) -> list[Any]:
+    """A program's results without its trailing check flags (one per message), which are
+    kept to be read at the user's next wait, blamed on ``op`` and the caller's line."""
+    if not messages:
+        return outs
+    n = len(messages)
+    add(outs[-n:], op, messages, user_source_line())
+    return outs[:-n]
+
+
 def clear() -> None:
     """Drop every pending check without reading it (tests isolate themselves with this)."""
     with _lock:
