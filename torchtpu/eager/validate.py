@@ -508,16 +508,16 @@ def _complex(plan: OpPlan, a: dict[str, Any]) -> None:
         )
 
 
+_masked_scatter_source = _same_dtype(
+    "source", "masked_scatter: expected self and source to have same dtypes but got{S} and {A}"
+)
+
+
 def _masked_scatter(plan: OpPlan, a: dict[str, Any]) -> None:
     mask = a["mask"]
     if mask.dtype != torch.bool:
         raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype {scalar_name(mask.dtype)}")
     _masked_scatter_source(plan, a)
-
-
-_masked_scatter_source = _same_dtype(
-    "source", "masked_scatter: expected self and source to have same dtypes but got{S} and {A}"
-)
 
 
 _INPUT_RULES: dict[str, Callable[[OpPlan, dict[str, Any]], None]] = {
