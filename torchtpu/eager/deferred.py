@@ -35,8 +35,8 @@ from ..lowering.context import ProgramContext
 from ..lowering.strided import storage_param, storage_result
 from ..runtime import cache, pjrt
 from ..tensor.storage import Cell, new_tensor
-from . import checks, rng, validate
-from .oplower import lower_op, scalar_params
+from . import checks, growth, rng, validate
+from .oplower import RUNTIME_OFFSET, lower_op, scalar_params
 from .plan import KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
 
 MAX_NODES = 4096  # flush before a graph grows past this many ops
@@ -65,14 +65,14 @@ class _Compiled:
 class _Node:
     __slots__ = ("plan", "key", "lvalues", "gslots", "out_gslots", "scalar_types", "random", "where")
 
-    def __init__(self, plan: OpPlan, key: tuple, lvalues: list, gslots: tuple, scalar_types: list):
-        self.plan = plan
+    def __init__(self, plan: OpPlan | None, key: tuple, lvalues: list, gslots: tuple, scalar_types: list):
+        self.plan = plan  # None for a flat append (growth.py), lowered from its key
         self.key = key
         self.lvalues = lvalues  # the call's arguments with tensors dropped (they live in ``key``)
         self.gslots = gslots  # graph slot of each call slot
         self.out_gslots: list[int] = []
         self.scalar_types = scalar_types
-        self.random = plan.random
+        self.random = plan is not None and plan.random
         self.where = ""
 
 
@@ -136,13 +136,25 @@ def _graph() -> Graph:
 # --------------------------------------------------------------------------
 # recording
 # --------------------------------------------------------------------------
-def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
+def _graph_for(cells: list[Cell], key: tuple) -> Graph:
+    """The graph the next op (``key``, reading ``cells``) is recorded into."""
     g = _graph()
     if not g.nodes and torch._C._current_graph_task_id() != -1:
-        g = _join_forward_graph(g, call.cells)
+        g = _join_forward_graph(g, cells)
     if len(g.nodes) >= MIN_REPEAT and key is not None and g.nodes[0].key == key:
         _flush_graph(g, "repeat")
         g = _graph()
+    return g
+
+
+def _append_node(g: Graph, node: _Node, key: tuple) -> None:
+    g.nodes.append(node)
+    g.keys.append((key, node.gslots))
+    _hook_backward(g)
+
+
+def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
+    g = _graph_for(call.cells, key)
     spec = _SPECS.get(key)
     if spec is None:
         spec = _SPECS[key] = _spec(plan, values, call, key)
@@ -167,10 +179,24 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
         cell = call.cells[slot]
         cell.lazy = g
         g.written[gslots[slot]] = None
-    g.nodes.append(node)
-    g.keys.append((key, gslots))
-    _hook_backward(g)
+    _append_node(g, node, key)
     result = plan.returns(values, new if out_tree is None else torch.utils._pytree.tree_unflatten(new, out_tree))
+    if len(g.nodes) >= MAX_NODES:
+        _flush_graph(g, "size")
+    return result
+
+
+def record_append(a: growth.Append, operand: Any) -> torch.Tensor:
+    """Record a flat ``torch.cat`` (growth.py): its node is keyed by the storages'
+    capacities and takes offsets and positions as operands, so a loop that grows a tensor
+    records the same graph at every length up to the capacity."""
+    g = _graph_for(a.cells, a.key)
+    node = _Node(None, a.key, [], tuple(g.slot(c) for c in a.cells), [RUNTIME_OFFSET] * len(a.operands))
+    g.operands.extend(operand(n) for n in a.operands)
+    cell, idx = g.new_cell(a.capacity, a.dtype)
+    node.out_gslots.append(idx)
+    _append_node(g, node, a.key)
+    result = a.result(cell)
     if len(g.nodes) >= MAX_NODES:
         _flush_graph(g, "size")
     return result
@@ -345,6 +371,9 @@ def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
     check_nodes: list[int] = []
     for n, node in enumerate(g.nodes):
         scalars = scalar_params(b, node.scalar_types)
+        if node.plan is None:
+            values[node.out_gslots[0]] = growth.lower_append(b, node.key, [values[s] for s in node.gslots], scalars)
+            continue
         if node.random:
             ctx.new_rng_param()
         args, slot_of = _meta_args(node, g)
@@ -375,6 +404,8 @@ def _meta_args(node: _Node, g: Graph) -> tuple[list[Any], Any]:
 
     def meta(entry: tuple) -> torch.Tensor:
         slot, dtype, shape, stride, offset, conj, neg = entry
+        if offset == RUNTIME_OFFSET:  # any nonzero offset: lower_op then takes the operand (the view fits at 1 too)
+            offset = 1
         t = torch.empty(numels[slot], dtype=dtype, device="meta").as_strided(shape, stride, offset)
         if conj:
             t = t.conj()

@@ -29,8 +29,8 @@ from ..lowering.strided import storage_param, storage_result
 from ..runtime import cache, pjrt
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, new_tensor
-from . import checks, modes, rng, validate
-from .oplower import lifted, lower_op, scalar_params
+from . import checks, growth, modes, rng, validate
+from .oplower import RUNTIME_OFFSET, lifted, lower_op, scalar_params
 from .plan import (
     KIND_SCALAR,
     KIND_SCALAR_LIST,
@@ -112,9 +112,13 @@ def _to_device_scalar_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Call:
-    """The operands of one call, gathered while its cache key is built."""
+    """The operands of one call, gathered while its cache key is built.
 
-    __slots__ = ("key", "cells", "slot_of", "tensors", "scalars", "scalar_types", "values")
+    A view's nonzero storage offset is a runtime operand (one more entry of ``scalars``, in
+    argument order, where ``oplower.lower_op`` takes it) instead of part of the key, so one
+    program serves ``ids[:, -1:]`` or ``cache[i]`` wherever the view starts."""
+
+    __slots__ = ("key", "cells", "slot_of", "tensors", "scalars", "scalar_types")
 
     def __init__(self) -> None:
         self.key: list = []
@@ -122,7 +126,7 @@ class _Call:
         self.slot_of: dict[int, int] = {}
         self.tensors: list[torch.Tensor] = []
         self.scalars: list[Any] = []
-        self.scalar_types: list[type] = []
+        self.scalar_types: list[type | str] = []
 
     def tensor(self, t: torch.Tensor) -> tuple:
         cell = cell_of(t)
@@ -131,7 +135,12 @@ class _Call:
             slot = self.slot_of[id(cell)] = len(self.cells)
             self.cells.append(cell)
         self.tensors.append(t)
-        return (slot, t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.is_conj(), t.is_neg())
+        shape, offset = tuple(t.shape), t.storage_offset()
+        if offset:
+            self.scalars.append(_device_scalar(offset, int))
+            self.scalar_types.append(RUNTIME_OFFSET)
+            offset = RUNTIME_OFFSET
+        return (slot, t.dtype, shape, key_strides(shape, t.stride()), offset, t.is_conj(), t.is_neg())
 
     def scalar(self, v: Any, lift: bool) -> Any:
         tp = type(v)
@@ -140,6 +149,20 @@ class _Call:
             self.scalar_types.append(tp)
             return ("s", tp)
         return _freeze(v)
+
+
+def key_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    """A view's strides as a key: a size-1 dimension's stride never addresses anything, so
+    it is replaced by the contiguous one (``ids[:, -1:]`` of a (1, n) tensor has strides
+    (n, 1) and would otherwise be a new key for every n)."""
+    if 1 not in shape:
+        return strides
+    out, acc = list(strides), 1
+    for d in range(len(shape) - 1, -1, -1):
+        if shape[d] == 1:
+            out[d] = acc
+        acc *= max(shape[d], 1)
+    return tuple(out)
 
 
 def _collect(plan: OpPlan, values: list[Any]) -> _Call:
@@ -183,13 +206,21 @@ def _collect(plan: OpPlan, values: list[Any]) -> _Call:
 def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     plan = plan_for(op)
     values = plan.bind(args, kwargs)
+    mode = modes.current()
+    if op is _CAT:
+        append = growth.plan_append(values[0], values[1])
+        if append is not None:
+            if mode == modes.DEFER:
+                from . import deferred
+
+                return deferred.record_append(append, _int_operand)
+            return growth.run_append(append, run_utility, _int_operand)
     if plan.out_positions:
         _resize_outs(plan, values)
     call = _collect(plan, values)
     key = tuple(call.key)
     if plan.random:
         key = key + (rng.STATE_KEY,)
-    mode = modes.current()
     if mode == modes.DEFER:
         from . import deferred
 
@@ -230,6 +261,13 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     for slot, buf in zip(prog.updates, outs[n_new:]):
         call.cells[slot].set(buf)
     return wrap_outputs(plan, values, prog.outputs, prog.out_tree, outs)
+
+
+_CAT = torch.ops.aten.cat.default
+
+
+def _int_operand(n: int) -> Any:
+    return _device_scalar(n, int)
 
 
 def _report(plan: OpPlan) -> None:

@@ -24,6 +24,8 @@ from .plan import KIND_SCALAR, KIND_SCALAR_LIST, KIND_TENSOR, KIND_TENSOR_LIST, 
 
 _SPECIAL_SCALARS = (0, 1, -1)
 
+RUNTIME_OFFSET = "offset"  # scalar_types entry of a view's storage offset passed at run time (int64)
+
 OutSpec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int]  # sizes, strides, dtype, numel
 
 
@@ -42,11 +44,13 @@ def scalar_dtype(pytype: type) -> torch.dtype:
     return torch.int64
 
 
-def scalar_params(b: Builder, scalar_types: list[type]) -> list[Any]:
+def scalar_params(b: Builder, scalar_types: list[type | str]) -> list[Any]:
     """Parameters for the Python numbers of one call (a ``list`` type is a Scalar[] list)."""
     params: list[Any] = []
     for tp in scalar_types:
-        if tp is list:
+        if tp is RUNTIME_OFFSET:
+            params.append(b.param((), torch.int64))
+        elif tp is list:
             params.append(b.param((0,), scalar_dtype(float)))  # length set by _scalar_list
         else:
             p = b.param((), scalar_dtype(tp))
@@ -75,7 +79,9 @@ def lower_op(
     bases: list[Value],
     scalars: list[Any],
 ) -> Lowered:
-    """Lower ``plan.op(*values)``; tensors in ``values`` may be real or meta tensors."""
+    """Lower ``plan.op(*values)``; tensors in ``values`` may be real or meta tensors. A view
+    with a nonzero storage offset takes its offset from ``scalars`` (an int64 operand, in
+    argument order, where ``dispatch._Call`` put it)."""
     b = ctx.b
     geometry: dict[int, tuple] = {}
     scalar_iter = iter(scalars)
@@ -84,6 +90,8 @@ def lower_op(
     def view(t: torch.Tensor) -> Value:
         slot = slot_of(t)
         sizes, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
+        if offset:
+            offset = next(scalar_iter)
         geometry[id(t)] = (slot, sizes, strides, offset)
         x = read_view(b, bases[slot], sizes, strides, offset, t.dtype)
         if t.is_conj() or t.is_neg():  # lazy conj/neg views store conj/neg of their values

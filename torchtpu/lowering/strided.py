@@ -15,6 +15,31 @@ import torch
 
 from ..stablehlo.builder import Builder, Value, prod
 
+Offset = int | Value
+"""A view's storage offset: a Python int baked into the program, or an ``int64`` scalar
+operand, so that one eager program serves a view wherever it starts (``x[:, -1:]`` of a
+tensor growing by a token per step)."""
+
+
+def _start(b: Builder, offset: Offset) -> Value:
+    return offset if isinstance(offset, Value) else b.constant(offset, torch.int64)
+
+
+def _window(b: Builder, base: Value, offset: Offset, length: int, overhang: int = 0) -> Value:
+    """``base[offset : offset + length]``, padded with zeros past the end of ``base``: the
+    window may reach ``overhang`` elements past the view's last element (a strided view's
+    last row can stop short of its stride)."""
+    total = base.shape[0]
+    if isinstance(offset, int):
+        if offset + length > total:
+            base = b.pad(base, b.constant(0, base.dtype), [0], [offset + length - total])
+        return b.slice(base, [offset], [offset + length])
+    # a runtime offset: the view fits in ``base``, so padding by the overhang keeps every
+    # valid offset from making dynamic_slice clamp its start
+    if overhang > 0:
+        base = b.pad(base, b.constant(0, base.dtype), [0], [overhang])
+    return b.dynamic_slice(base, [offset], [length])
+
 
 def storage_param(b: Builder, shape: Sequence[int], numel: int, dtype: torch.dtype) -> Value:
     """A storage buffer as a program parameter of its device ``shape``, read flat."""
@@ -125,9 +150,9 @@ def _write_unit(dtype: torch.dtype) -> torch.dtype:
     return torch.uint8 if dtype is torch.bool else dtype
 
 
-def _flat_indices(b: Builder, sizes: Sequence[int], strides: Sequence[int], offset: int) -> Value:
+def _flat_indices(b: Builder, sizes: Sequence[int], strides: Sequence[int], offset: Offset) -> Value:
     """i64 tensor of ``sizes``: the storage index of every element of the view."""
-    idx = b.broadcast_in_dim(b.constant(offset, torch.int64), tuple(sizes), [])
+    idx = b.broadcast_in_dim(_start(b, offset), tuple(sizes), [])
     for d, (n, s) in enumerate(zip(sizes, strides)):
         if n == 1 or s == 0:
             continue
@@ -138,7 +163,7 @@ def _flat_indices(b: Builder, sizes: Sequence[int], strides: Sequence[int], offs
     return idx
 
 
-def read_view(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[int], offset: int, dtype: torch.dtype) -> Value:
+def read_view(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[int], offset: Offset, dtype: torch.dtype) -> Value:
     sizes, strides = tuple(sizes), tuple(strides)
     base = bitcast(b, base, dtype)
     numel = prod(sizes)
@@ -146,9 +171,9 @@ def read_view(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[i
     if numel == 0:
         return b.broadcast_in_dim(b.constant(0, dtype), sizes, [])
     if is_contiguous(sizes, strides):
-        if offset == 0 and numel == total:
+        if isinstance(offset, int) and offset == 0 and numel == total:
             return b.reshape(base, sizes)
-        return b.reshape(b.slice(base, [offset], [offset + numel]), sizes)
+        return b.reshape(_window(b, base, offset, numel), sizes)
     # Drop size-1 dims; broadcast stride-0 dims at the end.
     kept = [d for d in range(len(sizes)) if sizes[d] != 1 and strides[d] != 0]
     order = sorted(kept, key=lambda d: -strides[d])
@@ -176,19 +201,14 @@ def _nested_slices_ok(sizes: Sequence[int], strides: Sequence[int], order: Seque
 
 
 def _nested_slices(
-    b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[int], offset: int, order: Sequence[int]
+    b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[int], offset: Offset, order: Sequence[int]
 ) -> Value:
     """Slice/reshape chain for a non-overlapping strided view; dims come out in ``order``."""
     if not order:  # every dim has size 1 or stride 0: a single element
-        return b.reshape(b.slice(base, [offset], [offset + 1]), ())
+        return b.reshape(_window(b, base, offset, 1), ())
     n0, s0 = sizes[order[0]], strides[order[0]]
-    length = n0 * s0
-    total = base.shape[0]
-    x = base
-    if offset + length > total:
-        x = b.pad(x, b.constant(0, x.dtype), [0], [offset + length - total])
-    x = b.slice(x, [offset], [offset + length])
-    x = b.reshape(x, (n0, s0))
+    span = 1 + sum((sizes[d] - 1) * strides[d] for d in order)
+    x = b.reshape(_window(b, base, offset, n0 * s0, n0 * s0 - span), (n0, s0))
     lead = [n0]
     for d in order[1:]:
         n, s = sizes[d], strides[d]
@@ -201,7 +221,7 @@ def _nested_slices(
     return b.reshape(x, tuple(lead))
 
 
-def write_view(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[int], offset: int, value: Value) -> Value:
+def write_view(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[int], offset: Offset, value: Value) -> Value:
     """The storage after writing ``value`` (already of the view's shape and dtype) into the view."""
     sizes, strides = tuple(sizes), tuple(strides)
     numel = prod(sizes)
@@ -215,9 +235,9 @@ def write_view(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[
     total = base.shape[0]
     flat = b.reshape(value, (numel,))
     if is_contiguous(sizes, strides):
-        if offset == 0 and numel == total:
+        if isinstance(offset, int) and offset == 0 and numel == total:
             return flat
-        return b.dynamic_update_slice(base, flat, [b.constant(offset, torch.int64)])
+        return b.dynamic_update_slice(base, flat, [_start(b, offset)])
     idx = b.reshape(_flat_indices(b, sizes, strides, offset), (numel, 1))
     return b.scatter(base, idx, flat, [], [0], [0], 1)
 
