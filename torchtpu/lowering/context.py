@@ -241,6 +241,8 @@ def meta_of(x: Any) -> Any:
 def infer_meta(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     margs = tree_map(meta_of, list(args))
     mkwargs = tree_map(meta_of, kwargs)
+    if mkwargs.get("device") is not None:  # _to_copy(x, device="tpu") of a meta value would copy data
+        mkwargs = {**mkwargs, "device": "meta"}
     return op(*margs, **mkwargs)
 
 
