@@ -164,3 +164,12 @@ def test_cat_gradients_through_an_append() -> None:
     (torch.cat([g, g * 2], 1) ** 2).sum().backward()
     (torch.cat([tg, tg * 2], 1) ** 2).sum().backward()
     torch.testing.assert_close(tg.grad.cpu(), g.grad)
+
+
+def test_strided_view_at_an_offset_keeps_nan_payloads() -> None:
+    """A strided 16-bit view at a runtime offset is read through a padded window; XLA:CPU
+    pads bfloat16 through float32, which rewrote NaN payloads (0xFFFF read back 0xFFC0)."""
+    bits = torch.tensor([-2, -1, -64, -1, -2, -1, 0, 1, 2, 3, 4, 5], dtype=torch.int16)
+    for dtype in (torch.bfloat16, torch.float16):
+        got = bits.to(TPU).view(dtype)[1::2].clone().view(torch.int16).cpu()
+        assert torch.equal(got, bits.view(dtype)[1::2].clone().view(torch.int16)), got

@@ -36,9 +36,19 @@ def _window(b: Builder, base: Value, offset: Offset, length: int, overhang: int 
         return b.slice(base, [offset], [offset + length])
     # a runtime offset: the view fits in ``base``, so padding by the overhang keeps every
     # valid offset from making dynamic_slice clamp its start
-    if overhang > 0:
-        base = b.pad(base, b.constant(0, base.dtype), [0], [overhang])
-    return b.dynamic_slice(base, [offset], [length])
+    if overhang <= 0:
+        return b.dynamic_slice(base, [offset], [length])
+    bits = _SAME_WIDTH_INT.get(base.dtype)
+    if bits is None:
+        padded = b.pad(base, b.constant(0, base.dtype), [0], [overhang])
+        return b.dynamic_slice(padded, [offset], [length])
+    # XLA:CPU pads 16-bit floats through float32, which rewrites NaN payloads (bfloat16
+    # 0xFFFF came back 0xFFC0): move the bits as integers
+    window = _window(b, b.bitcast_convert(base, base.shape, bits), offset, length, overhang)
+    return b.bitcast_convert(window, window.shape, base.dtype)
+
+
+_SAME_WIDTH_INT = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
 
 
 def storage_param(b: Builder, shape: Sequence[int], numel: int, dtype: torch.dtype) -> Value:
