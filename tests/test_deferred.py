@@ -44,6 +44,7 @@ def test_modes_api_and_thread_locality():
         torchtpu.set_eager_mode("lazy")
 
 
+@pytest.mark.slow  # make test-all (moved out of make test's 15 minutes)
 def test_env_var_selects_the_mode():
     import subprocess
     import sys

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = r"""
 import json, sys
 import torch, torchtpu
@@ -57,6 +59,7 @@ def test_empty_cache_dir_disables_the_disk_layer(tmp_path):
     assert not env_dir.exists()
 
 
+@pytest.mark.slow  # make test-all (moved out of make test's 15 minutes)
 def test_corrupted_entries_are_ignored_and_rewritten(tmp_path):
     cold = _run(tmp_path)
     entries = sorted(tmp_path.rglob("*.xex"))
@@ -79,6 +82,7 @@ def test_corrupted_entries_are_ignored_and_rewritten(tmp_path):
     assert warm["compiles"] == 0 and warm["y"] == cold["y"]
 
 
+@pytest.mark.slow  # make test-all (moved out of make test's 15 minutes)
 def test_two_processes_share_one_directory(tmp_path):
     env = dict(os.environ, TORCHTPU_CACHE_DIR=str(tmp_path))
     procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]

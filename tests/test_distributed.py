@@ -133,6 +133,7 @@ def test_tensor_parallel_matches_single_process(tmp_path: Path) -> None:
     _assert_same_losses(tmp_path, "tensor_parallel", 1e-4)
 
 
+@pytest.mark.slow  # make test-all (moved out of make test's 15 minutes)
 def test_dcp_save_on_2_load_on_1(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt_root"
     ckpt.mkdir()
@@ -164,6 +165,7 @@ def _errors(out: Path, ranks: list[int]) -> list[dict]:
     return [_read(out, f"rank{r}.json") for r in ranks]
 
 
+@pytest.mark.slow  # make test-all (moved out of make test's 15 minutes)
 def test_mismatched_shapes_name_the_collective_and_shapes(tmp_path: Path) -> None:
     _check_rc(spawn(SCRIPTS / "failures.py", "shapes", out=tmp_path))
     for res in _errors(tmp_path, [0, 1]):
@@ -193,6 +195,7 @@ def test_dead_peer_fails_the_collective(tmp_path: Path) -> None:
     assert res["error"] is not None and res["error"].startswith("DistributedError") and "all_reduce" in res["error"], res
 
 
+@pytest.mark.slow  # make test-all (moved out of make test's 15 minutes)
 def test_absent_peer_fails_init_with_timeout(tmp_path: Path) -> None:
     _check_rc(spawn(SCRIPTS / "failures.py", "absent", nproc=1, world=2, out=tmp_path, TORCHTPU_TEST_TIMEOUT="3"))
     res = _read(tmp_path, "rank0.json")

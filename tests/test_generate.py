@@ -210,6 +210,7 @@ def test_first_generate_defer_and_fuse_compiles_at_most_10_programs(monkeypatch:
     assert compiles() == before
 
 
+@pytest.mark.slow  # make test-all (moved out of make test's 15 minutes)
 def test_first_generate_compiled_grows_per_capacity_not_per_token(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compiled forward + static cache: generate()'s own eager loop (cat of input_ids, ops on
     input_ids[:, -1:]) compiles per storage capacity, not per token: 64 tokens need at

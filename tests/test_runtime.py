@@ -69,6 +69,7 @@ def test_missing_plugin_is_a_clear_error(monkeypatch, name):
         platforms.choose()
 
 
+@pytest.mark.slow  # make test-all (moved out of make test's 15 minutes)
 def test_plugin_path_that_does_not_load_is_a_clear_error():
     r = _run(
         """
@@ -116,6 +117,7 @@ def test_import_is_cheap_and_training_never_imports_jax():
     assert "JAX False []" in r.stdout
 
 
+@pytest.mark.slow  # make test-all (moved out of make test's 15 minutes)
 def test_autoload_can_be_disabled():
     r = _run(
         """
