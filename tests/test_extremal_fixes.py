@@ -10,6 +10,8 @@ import pytest
 import torch
 from utils import TPU, assert_close
 
+from torchtpu.testing import opinfo
+
 F32, F64 = torch.float32, torch.float64
 FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 NAN, INF = math.nan, math.inf
@@ -164,3 +166,141 @@ def test_complex_functions_keep_branch_cut_signs_and_c99_special_values(fn: obje
     torch.manual_seed(0)
     r = torch.complex(torch.randn(2000, dtype=F64) * 3, torch.randn(2000, dtype=F64) * 3).to(dtype)
     assert_close(fn(r.to(TPU)), fn(r))
+
+
+def test_float64_atan2_of_subnormals_reads_them_as_signed_zeros() -> None:
+    """XLA:CPU's float64 atan2 calls libm's, which under denormals-are-zero read a subnormal
+    half as zero: atan2(2^-1024, -1) was -pi (pi flushed or not). tpu now flushes first and
+    agrees with the CPU under set_flush_denormal(True)."""
+    s = torch.finfo(F64).tiny / 4
+    y = torch.tensor([s, s, s, s, -s, -s, 1.0, -0.0], dtype=F64)
+    x = torch.tensor([0.0, -0.0, -1.0, s, -1.0, 1.0, 2.0, -3.0], dtype=F64)
+    got = torch.atan2(y.to(TPU), x.to(TPU)).cpu()
+    assert got[2].item() == math.pi
+    torch.set_flush_denormal(True)
+    try:
+        expected = torch.atan2(y.repeat(4), x.repeat(4))[: len(y)]  # the CPU's vectorised (flushing) path
+    finally:
+        torch.set_flush_denormal(False)
+    _same_bits(got, expected)
+
+
+def _parts_close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float = 0.0) -> None:
+    """Each part against the CPU's own, so a small part is not lost in the modulus."""
+    torch.testing.assert_close(
+        torch.view_as_real(actual.cpu()), torch.view_as_real(expected), rtol=rtol, atol=atol, equal_nan=True
+    )
+
+
+_PART_RTOL = {torch.complex64: 2e-6, torch.complex128: 1e-14}
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("fn", [torch.sin, torch.cos, torch.sinh, torch.cosh], ids=lambda f: f.__name__)
+def test_complex_sin_cos_sinh_cosh_keep_a_small_part(fn: object, dtype: torch.dtype) -> None:
+    """sin(0.3 + 1e-8j) had imaginary part 0 in complex64 and sinh(1e-3 + 0j) was 1.000017e-3:
+    XLA takes sinh of the small part as a difference of exponentials."""
+    tiny = torch.finfo(dtype.to_real()).tiny
+    small = [1e-3, -1e-5, 1e-8, 1e-12, -1e-20, tiny, 0.0]
+    z = [complex(a, y) for a in (0.0, 0.3, -1.7, 2.5) for y in small]
+    z += [complex(y, a) for a in (0.0, 0.3, -1.7, 2.5) for y in small]
+    x = torch.tensor(z, dtype=dtype)
+    _parts_close(fn(x.to(TPU)), fn(x), rtol=_PART_RTOL[dtype], atol=tiny)
+    torch.manual_seed(0)
+    r = torch.complex(torch.randn(500, dtype=F64) * 3, torch.randn(500, dtype=F64) * 3).to(dtype)
+    assert_close(fn(r.to(TPU)), fn(r))
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_sinc_of_a_tiny_argument_is_one(dtype: torch.dtype) -> None:
+    """sinc(1e-308j) = sin(pi z) / (pi z) was 0 (sin's small imaginary part was lost), and
+    sinc(t + tj) 0.5 - 0.5j."""
+    tiny = torch.finfo(dtype.to_real()).tiny
+    z = torch.tensor([complex(-0.0, tiny), complex(tiny, tiny), complex(0.0, 1e-20), complex(0.3, 1e-8)], dtype=dtype)
+    assert_close(torch.sinc(z.to(TPU)), torch.sinc(z))
+    assert torch.sinc(z[:2].to(TPU)).cpu().tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_atan_atanh_next_to_their_singularities(dtype: torch.dtype) -> None:
+    """atan(1.2e-38 + 1j) is 0.785 + 44.01j in complex64 (XLA squared 1.2e-38 and gave inf);
+    atan(1j) itself stays inf."""
+    tiny = torch.finfo(dtype.to_real()).tiny
+    z = torch.tensor([complex(tiny, 1), complex(2e-20, 1), complex(-1e-30, -1), complex(0, 1), complex(1e-3, 1)], dtype=dtype)
+    assert_close(torch.atan(z.to(TPU)), torch.atan(z))
+    assert_close(torch.atanh((z * 1j).to(TPU)), torch.atanh(z * 1j))
+    if dtype == torch.complex64:
+        assert abs(torch.atan(z[:1].to(TPU)).cpu().imag.item() - 44.014845965556525) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_sigmoid_at_infinity_is_one(dtype: torch.dtype) -> None:
+    """sigmoid(inf + iy) = 1 / (1 + exp(-inf - iy)) = 1 (XLA's complex logistic gave NaN)."""
+    z = torch.tensor([complex(INF, 1), complex(INF, INF), complex(INF, NAN), complex(0.3, -2.0)], dtype=dtype)
+    assert_close(torch.sigmoid(z.to(TPU)), torch.sigmoid(z))
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("exponent", [2, 3, -2, -1, 0.5, -0.5, 1, 0, 1.5])
+def test_complex_pow_by_a_scalar_takes_the_cpus_special_forms(exponent: float, dtype: torch.dtype) -> None:
+    """The CPU computes z ** 2 as z * z (and square(z) is pow(z, 2)), z ** 0.5 as sqrt(z),
+    ...: square(-inf + 1j) is inf - inf j there; XLA's power gave NaN. (Negative exponents
+    divide: at an infinite z the CPU's Smith division gives NaN where XLA's gives 0, so
+    those are compared on finite values.)"""
+    parts = [INF, -INF, 0.0, -0.0, 1.0, -2.5] if exponent >= 0 else [0.0, -0.0, 1.0, -2.5, 1e-3]
+    z = torch.tensor([complex(a, b) for a in parts for b in parts], dtype=dtype)
+    assert_close(torch.pow(z.to(TPU), exponent), torch.pow(z, exponent))
+    if exponent == 2:
+        assert_close(torch.square(z.to(TPU)), torch.square(z))
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_pow_of_large_values_is_not_nan(dtype: torch.dtype) -> None:
+    """(-501-501j) ** (-501+501j) is e^-2108 = 0; XLA's power multiplied 0 by inf (NaN).
+    The finite results match the CPU; which results are finite, zero or NaN match too (the
+    direction of an infinite one is the phase of Im(y log x) ~ 1e20, which no side has)."""
+    from torch.testing._internal.opinfo.core import generate_elementwise_binary_large_value_tensors
+
+    op = next(o for o in opinfo.op_db() if o.name == "pow")
+    (sample,) = generate_elementwise_binary_large_value_tensors(op, device="cpu", dtype=dtype, requires_grad=False)
+    x, y = sample.input, sample.args[0]
+    got, expected = torch.pow(x.to(TPU), y.to(TPU)).cpu(), torch.pow(x, y)
+    finite = torch.view_as_real(expected).isfinite().all(-1)
+    assert torch.equal(torch.view_as_real(got).isfinite().all(-1), finite)
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert_close(got[finite], expected[finite])
+    assert int(finite.sum()) > 0 and int((expected[finite] == 0).sum()) > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_sgn_of_the_largest_values(dtype: torch.dtype) -> None:
+    """sgn(-M - Mj) is -(1 + 1j)/sqrt(2): |z| overflows, so tpu scales z by its larger part
+    first (it gave 0; the CPU, whose |z| is M under flushing, gives -1 - 1j)."""
+    big = torch.finfo(dtype.to_real()).max
+    z = torch.tensor([complex(-big, -big), complex(big, 1.0), complex(3.0, 4.0), 0j], dtype=dtype)
+    expected = torch.tensor([complex(-1, -1) / math.sqrt(2), 1.0, complex(0.6, 0.8), 0j], dtype=dtype)
+    assert_close(torch.sgn(z.to(TPU)), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_exp_and_log_with_an_infinite_part(dtype: torch.dtype) -> None:
+    """C99 Annex G as the CPU: exp(+inf + i inf) and exp(+inf + i NaN) are inf + i NaN,
+    log(NaN - i inf) is inf + i NaN (XLA: NaN + i NaN)."""
+    z = torch.tensor([complex(a, b) for a in _COMPLEX_PARTS for b in _COMPLEX_PARTS], dtype=dtype)
+    assert_close(torch.exp(z.to(TPU)), torch.exp(z))
+    assert_close(torch.log(z.to(TPU)), torch.log(z))
+
+
+def test_complex128_angle_of_subnormal_parts_reads_them_as_signed_zeros() -> None:
+    """angle(-1 + 2^-1024 j) was -pi (libm's atan2 under denormals-are-zero); as atan2(+0, -1)
+    it is pi, the CPU's value under set_flush_denormal(True)."""
+    s = torch.finfo(F64).tiny / 4
+    z = torch.tensor([complex(-1, s), complex(s, s), complex(-s, -s), complex(-1, -s), complex(3, 4)], dtype=torch.complex128)
+    got = torch.angle(z.to(TPU)).cpu()
+    assert got[0].item() == math.pi
+    torch.set_flush_denormal(True)
+    try:
+        expected = torch.angle(z.repeat(8))[: len(z)]
+    finally:
+        torch.set_flush_denormal(False)
+    _same_bits(got, expected)

@@ -14,8 +14,8 @@ NaN, a max that drops NaN, an integer overflow at the limit) passes the ordinary
 Subnormals get samples of their own, named :data:`FLUSHED`: XLA's CPU runtime executes
 every program with denormals flushed to zero on input and output (FTZ and DAZ, as
 TensorFlow does; TPU hardware flushes them too), which no option turns off. Those samples
-are compared with the CPU run under ``torch.set_flush_denormal(True)`` (float32/float64
-and complex; 16-bit subnormals survive on XLA:CPU), so the difference is stated once
+are compared with the CPU run under ``torch.set_flush_denormal(True)`` (float32, float64,
+bfloat16 and complex; float16 subnormals survive on XLA:CPU), so the difference is stated once
 instead of hiding in every op's entry. The CPU's float64 libm does not honour the flag
 everywhere (log of a float64 subnormal stays finite): such entries are recorded.
 """
@@ -33,9 +33,11 @@ import torch
 # The name of the samples that hold subnormals (compared with the CPU flushing them).
 FLUSHED = "subnormals (compared with torch.set_flush_denormal(True) on the CPU)"
 # The dtypes whose subnormals XLA's CPU runtime flushes: the ones its generated code handles
-# as float/double. float16 and bfloat16 values are widened by integer code and keep theirs,
-# so their subnormal samples are compared with the CPU as it is.
-FLUSHED_DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
+# as float/double, and bfloat16, which has float32's exponent range: its subnormals widen to
+# float32 subnormals, which the float32 arithmetic then reads as zero (bfloat16 2^-128 == 0
+# is true on tpu, as on the CPU under the flag). float16 subnormals widen to normal float32
+# values and survive, so float16's subnormal samples are compared with the CPU as it is.
+FLUSHED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.complex64, torch.complex128)
 
 
 def extremal_values(dtype: torch.dtype, subnormals: bool = False) -> list[Any]:

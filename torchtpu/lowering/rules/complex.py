@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Any
 
 import torch
 
@@ -85,7 +87,12 @@ def angle(L: NodeLowering, x: Value) -> Value:
     out = L.out[0].dtype
     b = L.b
     if is_complex(x.dtype):
-        return b.binary("atan2", imag(L, x), real(L, x))
+        re, im = real(L, x), imag(L, x)
+        if re.dtype is torch.float64 and L.ctx.platform == "cpu":
+            from .elementwise import flush_subnormal  # elementwise imports this module
+
+            re, im = flush_subnormal(L, re), flush_subnormal(L, im)
+        return b.binary("atan2", im, re)
     # real input: pi for negative numbers, 0 otherwise, NaN stays NaN (as on the CPU)
     x = L.to(x, out)
     pi = b.select(b.compare(x, L.zeros(x.shape, out), "LT"), L.full(math.pi, x.shape, out), L.zeros(x.shape, out))
@@ -126,7 +133,9 @@ def view_as_complex(L: NodeLowering, x: Value) -> Value:
 # conjugated back when im's sign bit is set; the odd ones, f(-z) = -f(z), also with |re|.
 _CONJ_SYMMETRIC = {"stablehlo.sqrt", "chlo.acos", "chlo.acosh"}
 _ODD_CONJ_SYMMETRIC = {"chlo.asin", "chlo.asinh", "chlo.atan", "chlo.atanh"}
-COMPLEX_FIXED = _CONJ_SYMMETRIC | _ODD_CONJ_SYMMETRIC | {"stablehlo.exponential", "stablehlo.sine", "stablehlo.cosine"}
+_SMALL_PART_FIXED = {"stablehlo.sine", "stablehlo.cosine", "chlo.sinh", "chlo.cosh"}
+COMPLEX_FIXED = _CONJ_SYMMETRIC | _ODD_CONJ_SYMMETRIC | _SMALL_PART_FIXED
+COMPLEX_FIXED |= {"stablehlo.exponential", "stablehlo.log", "stablehlo.logistic"}
 
 
 def _sign_bit(L: NodeLowering, v: Value) -> Value:
@@ -142,16 +151,155 @@ def _negate_if(L: NodeLowering, flag: Value, v: Value) -> Value:
 def complex_unary(L: NodeLowering, hlo: str, x: Value) -> Value:
     """``hlo`` of a complex ``x`` with the CPU's branch-cut signs and special values."""
     b = L.b
+    if hlo == "stablehlo.logistic":
+        return _logistic(L, x)
     re, im = real(L, x), imag(L, x)
     re_neg, im_neg = _sign_bit(L, re), _sign_bit(L, im)
     odd = hlo in _ODD_CONJ_SYMMETRIC
     if odd or hlo in _CONJ_SYMMETRIC:
-        folded = make_complex(L, b.unary("abs", re) if odd else re, b.unary("abs", im))
+        folded_re = b.unary("abs", re) if odd else re
+        folded = make_complex(L, folded_re, b.unary("abs", im))
         w = b.op1(hlo, [folded], x.shape, x.dtype)
+        if hlo in ("chlo.atan", "chlo.atanh"):
+            w = _near_branch_point(L, hlo, folded_re, b.unary("abs", im), w)
         wr, wi = real(L, w), imag(L, w)
         wr = _negate_if(L, re_neg, wr) if odd else wr
         return _special_values(L, hlo, re, im, make_complex(L, wr, _negate_if(L, im_neg, wi)))
-    return _special_values(L, hlo, re, im, b.op1(hlo, [x], x.shape, x.dtype))
+    w = b.op1(hlo, [x], x.shape, x.dtype)
+    if hlo in _SMALL_PART_FIXED:
+        w = _small_part(L, hlo, re, im, w)
+    return _special_values(L, hlo, re, im, w)
+
+
+def _logistic(L: NodeLowering, x: Value) -> Value:
+    """sigmoid(z) = 1 / (1 + exp(-z)) as the CPU computes it, with C99's exp: sigmoid(inf + iy)
+    is 1 (exp(-inf - iy) = 0; XLA's complex logistic gives NaN)."""
+    b = L.b
+    one = L.full(1, x.shape, x.dtype)
+    e = complex_unary(L, "stablehlo.exponential", b.unary("negate", x))
+    return b.binary("divide", one, b.binary("add", one, e))
+
+
+def _small_part(L: NodeLowering, hlo: str, re: Value, im: Value, w: Value) -> Value:
+    """sin/cos where |Im z| < 1 (sinh/cosh where |Re z| < 1) from the real functions of the
+    parts, as the CPU's libm does: XLA's complex expansion takes the sinh of the small part
+    as a difference of exponentials, which cancels (sin(0.3 + 1e-8j) had imaginary part 0 in
+    complex64, sinh(1e-3 + 0j) was 1.000017e-3), and halves the smallest normal into a
+    flushed subnormal (sinh(1.2e-38j) gave 0). With one part below 1 and the other finite,
+    the textbook products neither cancel nor overflow."""
+    b = L.b
+    trig = hlo in ("stablehlo.sine", "stablehlo.cosine")
+    small, other = (im, re) if trig else (re, im)
+    use = b.binary(
+        "and",
+        b.compare(b.unary("abs", small), L.full(1.0, small.shape, small.dtype), "LT"),
+        b.unary("is_finite", other, torch.bool),
+    )
+    sh, ch = (b.op1(f"chlo.{f}", [small], small.shape, small.dtype) for f in ("sinh", "cosh"))
+    s_, c_ = b.unary("sine", other), b.unary("cosine", other)
+    mul = functools.partial(b.binary, "multiply")
+    parts = {
+        "stablehlo.sine": (mul(s_, ch), mul(c_, sh)),  # sin(x + iy) = sin x cosh y + i cos x sinh y
+        "stablehlo.cosine": (mul(c_, ch), b.unary("negate", mul(s_, sh))),  # cos x cosh y - i sin x sinh y
+        "chlo.sinh": (mul(sh, c_), mul(ch, s_)),  # sinh(x + iy) = sinh x cos y + i cosh x sin y
+        "chlo.cosh": (mul(ch, c_), mul(sh, s_)),  # cosh(x + iy) = cosh x cos y + i sinh x sin y
+    }[hlo]
+    return make_complex(L, b.select(use, parts[0], real(L, w)), b.select(use, parts[1], imag(L, w)))
+
+
+def _log_hypot(L: NodeLowering, a: Value, c: Value) -> Value:
+    """log(sqrt(a^2 + c^2)) without squaring a or c (no underflow, no overflow)."""
+    b = L.b
+    a, c = b.unary("abs", a), b.unary("abs", c)
+    big, small = b.binary("maximum", a, c), b.binary("minimum", a, c)
+    ratio = b.binary("divide", small, big)
+    return b.binary(
+        "add",
+        b.unary("log", big),
+        b.binary("multiply", L.full(0.5, a.shape, a.dtype), b.unary("log_plus_one", b.binary("multiply", ratio, ratio))),
+    )
+
+
+def _near_branch_point(L: NodeLowering, hlo: str, x: Value, y: Value, w: Value) -> Value:
+    """atan's imaginary part (atanh's real part) next to its singularities +-i (+-1), for the
+    folded x, y >= 0: XLA's expansion squares the small part, which underflows, and gives
+    inf where the exact value is finite: atan(1.2e-38 + 1j) is 0.785 + 44.01j in
+    complex64. There the part is (log|z + i| - log|z - i|) / 2, with no cancellation (one
+    term is large)."""
+    b = L.b
+    one = L.full(1.0, x.shape, x.dtype)
+    if hlo == "chlo.atanh":  # atanh(x + iy): the roles of the parts swap
+        x, y = y, x
+    # atan(x + iy): imaginary part (log|x + i(y + 1)| - log|x + i(y - 1)|) / 2
+    part = b.binary(
+        "multiply",
+        L.full(0.5, x.shape, x.dtype),
+        b.binary("subtract", _log_hypot(L, x, b.binary("add", y, one)), _log_hypot(L, x, b.binary("subtract", y, one))),
+    )
+    inf = L.full(math.inf, x.shape, x.dtype)
+    at_pole = b.binary("and", b.compare(x, L.zeros(x.shape, x.dtype), "EQ"), b.compare(y, one, "EQ"))
+    finite = b.binary("and", b.unary("is_finite", x, torch.bool), b.unary("is_finite", y, torch.bool))
+    wr, wi = real(L, w), imag(L, w)
+    if hlo == "chlo.atanh":
+        fix = b.binary("and", b.binary("and", b.compare(b.unary("abs", wr), inf, "EQ"), finite), b.unary("not", at_pole))
+        return make_complex(L, b.select(fix, part, wr), wi)
+    fix = b.binary("and", b.binary("and", b.compare(b.unary("abs", wi), inf, "EQ"), finite), b.unary("not", at_pole))
+    return make_complex(L, wr, b.select(fix, part, wi))
+
+
+def complex_power(L: NodeLowering, x: Value, y: Value) -> Value:
+    """x ** y for complex x and y of one shape: XLA's power, and where that is not finite,
+    exp(y log x) (glibc's cpow, which the CPU calls). XLA multiplies |x|^Re(y) by
+    exp(-Im(y) arg x) separately, so (-501-501j) ** (-501+501j) came out 0 * inf = NaN
+    (the value, e^-2108, is 0); exp(y log x) rounds the sum of the two exponents once."""
+    b = L.b
+    w = b.binary("power", x, y)
+    finite = b.binary("and", b.unary("is_finite", real(L, w), torch.bool), b.unary("is_finite", imag(L, w), torch.bool))
+    log_x = complex_unary(L, "stablehlo.log", x)
+    via_log = complex_unary(L, "stablehlo.exponential", b.binary("multiply", y, log_x))
+    return b.select(finite, w, via_log)
+
+
+# Exponents the CPU's pow(tensor, scalar) computes without pow (PowKernel.cpp): x ** 2 is
+# x * x there (and square(x) is pow(x, 2)), so its infinities follow the multiplication.
+_SCALAR_POWERS = (0.5, -0.5, -1.0, 2.0, 3.0, -2.0)
+
+
+def _scalar_power(L: NodeLowering, x: Value, e: float) -> Value:
+    b = L.b
+    one = L.full(1, x.shape, x.dtype)
+    if e in (0.5, -0.5):
+        r = complex_unary(L, "stablehlo.sqrt", x)
+        return r if e == 0.5 else b.binary("divide", one, r)
+    if e == -1.0:
+        return b.binary("divide", one, x)
+    sq = b.binary("multiply", x, x)
+    return {2.0: sq, 3.0: b.binary("multiply", sq, x), -2.0: b.binary("divide", one, sq)}[e]
+
+
+def complex_power_scalar(L: NodeLowering, x: Value, y: Any) -> Value:
+    """pow(complex tensor, scalar) as the CPU's kernel: 0 gives 1, 1 gives x, and the
+    exponents of :data:`_SCALAR_POWERS` their sqrt/reciprocal/product forms; a device scalar
+    picks among them per call (select on its value)."""
+    b = L.b
+    if not isinstance(y, Value):
+        e = complex(y)
+        if e.imag == 0 and e.real in _SCALAR_POWERS:
+            return _scalar_power(L, x, e.real)
+        if e == 1:
+            return x
+        if e == 0:
+            return L.full(1, x.shape, x.dtype)
+        return complex_power(L, x, L.full(y, x.shape, x.dtype))
+    (yv,) = L.promote(y, dtype=x.dtype, shape=x.shape)
+    r = complex_power(L, x, yv)
+    yr, yi = real(L, yv), imag(L, yv)
+    real_exponent = b.compare(yi, L.zeros(yi.shape, yi.dtype), "EQ")
+    candidates = [(e, _scalar_power(L, x, e)) for e in _SCALAR_POWERS] + [(1.0, x), (0.0, L.full(1, x.shape, x.dtype))]
+    for e, value in candidates:
+        hit = b.binary("and", real_exponent, b.compare(yr, L.full(e, yr.shape, yr.dtype), "EQ"))
+        r = b.select(hit, value, r)
+    return r
 
 
 def _special_values(L: NodeLowering, hlo: str, re: Value, im: Value, w: Value) -> Value:
@@ -174,9 +322,14 @@ def _special_values(L: NodeLowering, hlo: str, re: Value, im: Value, w: Value) -
         return where(b.binary("and", isnan(re), isinf(im)), nan, b.binary("divide", L.full(1.0, im.shape, im.dtype), im))
     if hlo == "chlo.atanh":  # atanh(+-inf + i NaN) = +-0 + i NaN
         return where(b.binary("and", isinf(re), isnan(im)), b.binary("divide", L.full(1.0, re.shape, re.dtype), re), nan)
-    if hlo == "stablehlo.exponential":  # exp(-inf + i y) = 0 for infinite or NaN y too
+    if hlo == "stablehlo.exponential":
+        # exp(-inf + i y) = 0 and exp(+inf + i y) = inf + i NaN for infinite or NaN y
+        unbounded = b.unary("not", b.unary("is_finite", im, torch.bool))
+        w = where(b.binary("and", b.compare(re, inf, "EQ"), unbounded), inf, nan)
         minus_inf = b.compare(re, b.unary("negate", inf), "EQ")
-        return where(b.binary("and", minus_inf, b.unary("not", b.unary("is_finite", im, torch.bool))), zero, zero)
+        return where(b.binary("and", minus_inf, unbounded), zero, zero)
+    if hlo == "stablehlo.log":  # log(z) = inf + i arg(z) when a part is infinite, the other NaN too
+        return where(b.binary("or", isinf(re), isinf(im)), inf, b.binary("atan2", im, re))
     if hlo in ("stablehlo.sine", "stablehlo.cosine"):
         # sin(+-0 + iy) = +-0 + i sinh(y) and cos(+-0 + iy) = cosh(y) -+ 0i exactly, for
         # infinite y too (XLA multiplies sin(0) by cosh(inf): NaN)

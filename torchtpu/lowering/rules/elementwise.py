@@ -13,7 +13,7 @@ from ...stablehlo.builder import Value
 from ...stablehlo.types import is_complex, is_float, is_unsigned
 from ..context import NodeLowering, ScalarValue, TensorSpec
 from ..registry import register
-from .complex import COMPLEX_FIXED, complex_unary, modulus
+from .complex import COMPLEX_FIXED, complex_power, complex_power_scalar, complex_unary, modulus
 from .reduction import acc_dtype
 
 aten = torch.ops.aten
@@ -145,7 +145,25 @@ def sign(L: NodeLowering, x: Value) -> Value:
         zero = L.zeros(x.shape, x.dtype)
         positive = L.to(L.b.compare(x, zero, "GT"), x.dtype)
         return L.b.binary("subtract", positive, L.to(L.b.compare(x, zero, "LT"), x.dtype))
+    if is_complex(x.dtype):
+        return _complex_sgn(L, x)
     return L.b.unary("sign", x)
+
+
+def _complex_sgn(L: NodeLowering, x: Value) -> Value:
+    """z / |z|, with z first divided by its larger part where that is finite and nonzero:
+    |z| overflows for parts near the dtype's max (sgn(-M - Mj) was 0, the value is
+    -(1 + 1j) / sqrt(2)). Dividing both parts by one real keeps the direction, which is all
+    sgn returns."""
+    from .complex import imag, make_complex, real
+
+    b = L.b
+    re, im = real(L, x), imag(L, x)
+    big = b.binary("maximum", b.unary("abs", re), b.unary("abs", im))
+    scalable = b.binary("and", b.unary("is_finite", big, torch.bool), b.compare(big, L.zeros(big.shape, big.dtype), "GT"))
+    safe = b.select(scalable, big, L.full(1.0, big.shape, big.dtype))
+    scaled = make_complex(L, b.binary("divide", re, safe), b.binary("divide", im, safe))
+    return b.unary("sign", scaled)
 
 
 @register(aten.trunc.default, aten.fix.default)
@@ -383,9 +401,13 @@ def pow_(L: NodeLowering, x: Any, y: Any) -> Value:
     if not isinstance(y, Value) and y == 2 and isinstance(x, Value):
         x = L.to(x, out)
         return L.b.binary("multiply", x, x)
+    if is_complex(out) and L.op is aten.pow.Tensor_Scalar:
+        return complex_power_scalar(L, L.to(x, out), y)
     x, y = L.promote(x, y, dtype=out)
     if _integral(out):
         return _int_power(L, x, y)
+    if is_complex(out):
+        return complex_power(L, x, y)
     return L.b.binary("power", x, y)
 
 
@@ -432,7 +454,23 @@ def _check_int_exponent(L: NodeLowering, y: Any) -> None:
 @register(aten.atan2.default)
 def atan2(L: NodeLowering, x: Any, y: Any) -> Value:
     x, y = L.promote(x, y, dtype=L.out[0].dtype)
+    if x.dtype is torch.float64 and L.ctx.platform == "cpu":
+        x, y = flush_subnormal(L, x), flush_subnormal(L, y)
     return L.b.binary("atan2", x, y)
+
+
+def flush_subnormal(L: NodeLowering, v: Value) -> Value:
+    """A float64 ``v`` with its subnormals replaced by zeros of their sign, as XLA:CPU's
+    denormals-are-zero arithmetic reads them (atan2 and complex angle). XLA's float64 atan2
+    calls libm's, which tests some operands by their bits and others by float compares, so
+    a subnormal is half zero and half not: atan2(2^-1024, -1) came out -pi (pi whether
+    flushed or not), and atan2(2^-1024, 2^-1024) pi/2 (0 flushed, pi/4 exact)."""
+    b = L.b
+    itype = torch.int64
+    bits = b.bitcast_convert(v, v.shape, itype)
+    signed_zero = b.bitcast_convert(b.binary("and", bits, L.full(-(1 << 63), v.shape, itype)), v.shape, v.dtype)
+    tiny = b.compare(b.unary("abs", v), L.full(torch.finfo(v.dtype).tiny, v.shape, v.dtype), "LT")
+    return b.select(tiny, signed_zero, v)
 
 
 def _minmax(name: str, nan_propagating: bool) -> Any:
