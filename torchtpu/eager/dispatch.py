@@ -210,6 +210,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     if op is _CAT:
         append = growth.plan_append(values[0], values[1])
         if append is not None:
+            if op_report.recorder is not None:
+                _report(plan)
             if mode == modes.DEFER:
                 from . import deferred
 
