@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..lowering.strided import contiguous_strides, storage_param
+from ..lowering.strided import contiguous_strides, storage_param, window
 from ..stablehlo.builder import Builder, Value
 from ..tensor.storage import Cell, cell_of, new_tensor
 
@@ -118,9 +118,8 @@ def lower_append(b: Builder, key: tuple, bases: list[Value], operands: list[Valu
     out = b.broadcast_in_dim(b.constant(0, dtype), (cap + widest,), [])
     operand = iter(operands)
     for p, base in zip(pieces, bases):
-        if not p.at_start:  # the window from the input's offset, padded so that it never clamps
-            padded = b.pad(base, b.constant(0, dtype), [0], [p.numel])
-            base = b.dynamic_slice(padded, [next(operand)], [p.numel])
+        if not p.at_start:  # the storage from the input's offset on (its tail padded: no clamping)
+            base = window(b, base, next(operand), p.numel, overhang=p.numel)
         out = b.dynamic_update_slice(out, base, [next(operand)])
     return b.slice(out, [0], [cap])
 

@@ -25,7 +25,7 @@ def _start(b: Builder, offset: Offset) -> Value:
     return offset if isinstance(offset, Value) else b.constant(offset, torch.int64)
 
 
-def _window(b: Builder, base: Value, offset: Offset, length: int, overhang: int = 0) -> Value:
+def window(b: Builder, base: Value, offset: Offset, length: int, overhang: int = 0) -> Value:
     """``base[offset : offset + length]``, padded with zeros past the end of ``base``: the
     window may reach ``overhang`` elements past the view's last element (a strided view's
     last row can stop short of its stride)."""
@@ -38,17 +38,17 @@ def _window(b: Builder, base: Value, offset: Offset, length: int, overhang: int 
     # valid offset from making dynamic_slice clamp its start
     if overhang <= 0:
         return b.dynamic_slice(base, [offset], [length])
-    bits = _SAME_WIDTH_INT.get(base.dtype)
+    bits = SAME_WIDTH_INT.get(base.dtype)
     if bits is None:
         padded = b.pad(base, b.constant(0, base.dtype), [0], [overhang])
         return b.dynamic_slice(padded, [offset], [length])
     # XLA:CPU pads 16-bit floats through float32, which rewrites NaN payloads (bfloat16
     # 0xFFFF came back 0xFFC0): move the bits as integers
-    window = _window(b, b.bitcast_convert(base, base.shape, bits), offset, length, overhang)
-    return b.bitcast_convert(window, window.shape, base.dtype)
+    moved = window(b, b.bitcast_convert(base, base.shape, bits), offset, length, overhang)
+    return b.bitcast_convert(moved, moved.shape, base.dtype)
 
 
-_SAME_WIDTH_INT = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
+SAME_WIDTH_INT = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
 
 
 def storage_param(b: Builder, shape: Sequence[int], numel: int, dtype: torch.dtype) -> Value:
@@ -183,7 +183,7 @@ def read_view(b: Builder, base: Value, sizes: Sequence[int], strides: Sequence[i
     if is_contiguous(sizes, strides):
         if isinstance(offset, int) and offset == 0 and numel == total:
             return b.reshape(base, sizes)
-        return b.reshape(_window(b, base, offset, numel), sizes)
+        return b.reshape(window(b, base, offset, numel), sizes)
     # Drop size-1 dims; broadcast stride-0 dims at the end.
     kept = [d for d in range(len(sizes)) if sizes[d] != 1 and strides[d] != 0]
     order = sorted(kept, key=lambda d: -strides[d])
@@ -215,10 +215,10 @@ def _nested_slices(
 ) -> Value:
     """Slice/reshape chain for a non-overlapping strided view; dims come out in ``order``."""
     if not order:  # every dim has size 1 or stride 0: a single element
-        return b.reshape(_window(b, base, offset, 1), ())
+        return b.reshape(window(b, base, offset, 1), ())
     n0, s0 = sizes[order[0]], strides[order[0]]
     span = 1 + sum((sizes[d] - 1) * strides[d] for d in order)
-    x = b.reshape(_window(b, base, offset, n0 * s0, n0 * s0 - span), (n0, s0))
+    x = b.reshape(window(b, base, offset, n0 * s0, n0 * s0 - span), (n0, s0))
     lead = [n0]
     for d in order[1:]:
         n, s = sizes[d], strides[d]
