@@ -233,6 +233,15 @@ def test_whole_training_step_compiled_matches_cpu() -> None:
     assert counts[-1] == counts[1]
     for pc, pt in zip(cpu.parameters(), dev.parameters()):
         assert_close(pt, pc)
+    # as on CUDA, Dynamo made the fresh optimizer capturable: its step counts live on tpu,
+    # so a step moves nothing between host and device (it moved two per parameter before)
+    assert all(state["step"].device.type == "tpu" for state in opt_t.state.values())
+    before = torchtpu.metrics.snapshot()
+    cstep(dev, opt_t, x.to(TPU), y.to(TPU))
+    torch.tpu.synchronize()
+    after = torchtpu.metrics.snapshot()
+    assert after.get("h2d_transfers", 0) - before.get("h2d_transfers", 0) == 2  # x and y
+    assert after.get("d2h_transfers", 0) == before.get("d2h_transfers", 0)
 
 
 def test_functional_whole_step_is_one_program() -> None:

@@ -37,6 +37,35 @@ def _skip_our_frames() -> None:
 
 
 _skip_our_frames()
+
+
+def _capturable_optimizers_on_tpu() -> None:
+    """Under torch.compile, Dynamo makes a fresh optimizer "capturable" (its step counts
+    live on the parameters' device) only when every parameter is on CUDA or XPU. On tpu the
+    step counts then stay on the CPU, and a compiled AdamW step moved each one to the
+    device and back: two transfers per parameter per step. PyTorch's optimizers support
+    capturable on the PrivateUse1 device (``optim.optimizer._get_capturable_supported_devices``),
+    so the same rule applies to tpu parameters, as for CUDA."""
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+
+    original = OptimizerVariable._set_capturable
+    if getattr(original, "torchtpu", False):
+        return
+    device = torch._C._get_privateuse1_backend_name()
+
+    def set_capturable(self: OptimizerVariable, tx: Any) -> None:
+        state = self.value.state
+        for group in self.value.param_groups:
+            params = group.get("params", [])
+            if "capturable" in group and params and all(p.device.type == device and p not in state for p in params):
+                group["capturable"] = True
+        original(self, tx)
+
+    set_capturable.torchtpu = True  # type: ignore[attr-defined]
+    OptimizerVariable._set_capturable = set_capturable  # type: ignore[method-assign]
+
+
+_capturable_optimizers_on_tpu()
 KNOWN_OPTIONS = ("bounded_dynamism", "max_size")
 
 
