@@ -148,3 +148,28 @@ def test_addbmm_inplace_resizes_self_like_the_cpu():
     expected = x.clone().addbmm_(b1, b2)
     actual = x.to(TPU).addbmm_(b1.to(TPU), b2.to(TPU)).cpu()
     assert_close(actual, expected)
+
+
+@pytest.mark.parametrize(
+    "shape_a,shape_b", [((64, 1, 33), (64, 33)), ((64, 33), (33,)), ((64, 33), (64, 1)), ((64, 33), ()), ((64, 33), (64, 33))]
+)
+def test_division_by_a_broadcast_divisor_rounds_once(shape_a, shape_b):
+    """XLA rewrites ``a / broadcast(b)`` into ``a * broadcast(1 / b)`` (an ulp off for a
+    quarter of the elements: 36,017 of 135,168 for the first shapes); every quotient must be
+    the CPU's correctly rounded one."""
+    a, b = torch.randn(shape_a) * 10, torch.randn(shape_b)
+    assert torch.equal((a.to(TPU) / b.to(TPU)).cpu(), a / b)
+    assert torch.equal((a.to(TPU) / 3.0).cpu(), a / 3.0)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("mode", ("trunc", "floor"))
+def test_rounded_division_of_equal_broadcast_values_is_one(dtype, mode):
+    """OpInfo's fmod bfloat16 gradient (-trunc(a / b) for ``other``) found it: 5.125 / 5.125
+    through the reciprocal is 0.99999994, truncated to 0 (the CPU: 1)."""
+    a = torch.full((10, 1, 5), 5.125, dtype=dtype)
+    b = torch.full((10, 5), 5.125, dtype=dtype)
+    assert torch.equal(torch.div(a.to(TPU), b.to(TPU), rounding_mode=mode).cpu(), torch.div(a, b, rounding_mode=mode))
+    x, y = a.to(TPU).requires_grad_(), b.to(TPU).requires_grad_()
+    torch.fmod(x, y).sum().backward()
+    assert torch.equal(y.grad.cpu(), torch.full((10, 5), -10.0, dtype=dtype))

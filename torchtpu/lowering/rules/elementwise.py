@@ -322,12 +322,23 @@ def _int_operands(L: NodeLowering, x: Any, y: Any) -> list[Value]:
 def div(L: NodeLowering, x: Any, y: Any, rounding_mode: str | None = None) -> Value:
     out = L.out[0].dtype
     if rounding_mode is None:
-        x, y = L.promote(x, y, dtype=_opmath(out))
+        x, y = _exact_divisor(L, y, *L.promote(x, y, dtype=_opmath(out)))
         return L.to(L.b.binary("divide", x, y), out)
     if _opmath(out) is not out:
-        return L.to(_div_rounded(L, *L.promote(x, y, dtype=torch.float32), rounding_mode), out)
-    x, y = _int_operands(L, x, y) if _integral(out) else L.promote(x, y, dtype=out)
+        return L.to(_div_rounded(L, *_exact_divisor(L, y, *L.promote(x, y, dtype=torch.float32)), rounding_mode), out)
+    x, y = _int_operands(L, x, y) if _integral(out) else _exact_divisor(L, y, *L.promote(x, y, dtype=out))
     return _div_rounded(L, x, y, rounding_mode)
+
+
+def _exact_divisor(L: NodeLowering, divisor: Any, x: Value, y: Value) -> tuple[Value, Value]:
+    """The promoted operands of a float division, with a divisor that was broadcast (or is
+    a number) made opaque. XLA rewrites ``a / broadcast(b)`` into ``a * broadcast(1 / b)``
+    (no flag turns it off), which is an ulp off for a quarter of the elements, makes
+    ``a / a`` 0.99999994 and so truncates 5.125 // 5.125 to 0; dividing by an opaque value
+    rounds once, as the CPU does."""
+    if not isinstance(divisor, Value) or divisor.shape != y.shape:
+        y = _opaque(L, y)
+    return x, y
 
 
 def _div_rounded(L: NodeLowering, x: Value, y: Value, rounding_mode: str) -> Value:
