@@ -148,6 +148,18 @@ def test_cpu_fallback_runs_on_host_with_one_warning(monkeypatch):
     torch.testing.assert_close(a.cpu(), _UNLOWERED(x))
 
 
+def test_cpu_fallback_refuses_a_sparse_result(monkeypatch):
+    """EmbeddingBag(sparse=True)'s backward falls back to the CPU, whose gradient is sparse:
+    the sparse-layout message, not 'unsupported memory format option' from the copy back."""
+    monkeypatch.setenv("TORCHTPU_CPU_FALLBACK", "1")
+    bag = torch.nn.EmbeddingBag(10, 3, mode="sum", sparse=True).to("tpu")
+    out = bag(torch.tensor([1, 2, 4, 5], device="tpu"), torch.tensor([0, 2], device="tpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(NotImplementedError, match="sparse tensors .* not supported on the tpu device"):
+            out.sum().backward()
+
+
 def test_metrics_second_identical_step_compiles_nothing():
     def step(x):
         return (x * 2 + 1).relu().sum()

@@ -24,13 +24,13 @@ def run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
         )
     metrics.add("cpu_fallbacks")
     if op_report.recorder is None:
-        return _run_on_cpu(op, args, kwargs)
+        return _run_on_cpu(op, name, args, kwargs)
     op_report.recorder.record(op_report.MISSING, name, "ran on the CPU")
     with op_report.recorder.quiet():  # its host copies are part of the fallback
-        return _run_on_cpu(op, args, kwargs)
+        return _run_on_cpu(op, name, args, kwargs)
 
 
-def _run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
+def _run_on_cpu(op: Any, name: str, args: tuple, kwargs: dict) -> Any:
     from ..tensor.minimal import from_cpu, to_cpu
 
     originals: dict[int, torch.Tensor] = {}
@@ -63,6 +63,10 @@ def _run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
         if isinstance(x, torch.Tensor):
             if id(x) in originals:
                 return originals[id(x)]
+            if x.layout is not torch.strided:  # e.g. embedding_bag(sparse=True)'s gradient
+                from .register import sparse_not_supported
+
+                raise sparse_not_supported(name)
             return from_cpu(x)
         return x
 
