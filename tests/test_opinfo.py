@@ -3,7 +3,7 @@ the CPU, one case per op x dtype x mode (``add-float32-fwd``, ``add-float32-grad
 ``add_-int64-inplace``, ``add-float64-out``).
 
 ``make test`` runs two bounded subsets: ``test_opinfo_quick`` here and in
-tests/test_opinfo_grad.py (float32 forward and gradients, the first 2 samples of each
+tests/test_opinfo_grad.py (float32 forward and gradients, the first sample of each
 op) and tests/test_opinfo_sweep*.py (the first
 sample of every op in the other dtype classes and variants); ``make test-ops`` runs every
 dtype, mode and sample (``test_opinfo``, marked slow). docs/conformance.md has the rules:
@@ -27,7 +27,7 @@ from opinfo_check import conformance_test
 
 from torchtpu.testing import opinfo
 
-QUICK_SAMPLES = 2
+QUICK_SAMPLES = 1
 QUICK = opinfo.cases([torch.float32], ("fwd",))  # the gradients: tests/test_opinfo_grad.py
 FULL = opinfo.shard(opinfo.cases(None, opinfo.MODES), os.environ.get("TORCHTPU_OPINFO_SHARD"))
 _SHARD_SUFFIX = os.environ.get("TORCHTPU_OPINFO_SHARD", "").replace("/", "of")
