@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchtpu-installed
 
-.PHONY: demo test test-all test-ops test-models bench lint clean
+.PHONY: demo test test-all test-ops test-models test-examples bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ test-ops: $(STAMP)
 # prints the pass table and writes it to docs/models.md; fails on an unexpected result.
 test-models: $(STAMP)
 	cd tests && $(abspath $(PY)) models/report.py --markdown ../docs/models.md
+
+# Every example (examples/<name>/) at --size tiny --compare, in every mode, against the CPU.
+test-examples: $(STAMP)
+	$(PY) -m pytest tests/test_examples.py -q -p no:cacheprovider -n $(TEST_JOBS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_eager.py
