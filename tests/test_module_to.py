@@ -221,3 +221,21 @@ def test_hugging_face_tied_lm_head():
     model.to("tpu")
     assert model.lm_head.weight is model.transformer.wte.weight and model.lm_head.weight.device.type == "tpu"
     assert len({id(p) for p in model.parameters()}) == len(list(model.parameters()))
+
+
+def test_to_tpu_preserves_channels_last_like_cuda() -> None:
+    """``.to("tpu")`` is memory_format=preserve_format: a dense tensor keeps its strides
+    (channels-last inputs and a channels-last model's weights stay channels-last), as with
+    ``.to("cuda")``; they were made contiguous. The copy back keeps them too."""
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    t = x.to("tpu")
+    assert t.stride() == x.stride() and torch.equal(t.cpu(), x) and t.cpu().stride() == x.stride()
+    assert t.to("tpu", memory_format=torch.contiguous_format).is_contiguous()
+    assert x.to("tpu", dtype=torch.float64).stride() == x.stride()
+    conv = nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last).to("tpu")
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    y = torch.randn(4, 6).t()  # dense, transposed
+    assert y.to("tpu").stride() == y.stride() and torch.equal(y.to("tpu").cpu(), y)
+    z = torch.randn(4, 6)[:, ::2]  # not dense: contiguous on the device, as on CUDA
+    assert z.to("tpu").is_contiguous() and torch.equal(z.to("tpu").cpu(), z)
+    torch.testing.assert_close(conv(t).cpu(), conv.cpu()(x))

@@ -48,14 +48,31 @@ def _host_array(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def from_cpu(t: torch.Tensor) -> torch.Tensor:
-    """A new tpu tensor holding a copy of CPU tensor ``t`` (contiguous)."""
+def from_cpu(t: torch.Tensor, keep_layout: bool = False) -> torch.Tensor:
+    """A new tpu tensor holding a copy of CPU tensor ``t``: contiguous, or with ``t``'s own
+    strides when ``keep_layout`` and ``t`` is dense (``memory_format=torch.preserve_format``:
+    a channels-last tensor stays channels-last, as ``.to("cuda")`` keeps it)."""
     _ensure_ops()
-    arr = _host_array(t)  # the buffer keeps the tensor's shape (see Cell)
+    order = _memory_order(t) if keep_layout else None
+    strides = contiguous_strides(t.shape)
+    if order is not None:  # upload the elements in memory order; the view restores the sizes
+        strides, t = t.stride(), t.permute(order)
+    arr = _host_array(t)  # the buffer keeps the (permuted) tensor's shape (see Cell)
     buf = pjrt.get().put(arr)
     metrics.add("h2d_bytes", arr.nbytes)
     metrics.add("h2d_transfers")
-    return new_tensor(Cell(arr.size, t.dtype, buf, arr.shape), tuple(t.shape), contiguous_strides(t.shape), 0, t.dtype)
+    sizes = tuple(t.shape) if order is None else tuple(t.shape[order.index(d)] for d in range(t.dim()))
+    return new_tensor(Cell(arr.size, t.dtype, buf, arr.shape), sizes, strides, 0, t.dtype)
+
+
+def _memory_order(t: torch.Tensor) -> list[int] | None:
+    """The dims of a dense, non-contiguous ``t`` from the largest stride to the smallest
+    (``t.permute(order)`` is contiguous); None when ``t`` is contiguous or not dense."""
+    from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+
+    if t.is_contiguous() or not is_non_overlapping_and_dense(t):
+        return None
+    return sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
 
 
 def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
@@ -207,18 +224,23 @@ def to_copy(
 ) -> torch.Tensor:
     from ..eager import dispatch
 
+    preserve = memory_format is None or memory_format is torch.preserve_format
     if device is not None and torch.device(device).type == "cpu":
         host = to_cpu(x)
         if dtype is not None and dtype != host.dtype:
             host = host.to(dtype)
-        if memory_format is not None and memory_format is not torch.preserve_format:
-            host = host.contiguous(memory_format=memory_format)
+        if not preserve:
+            return host.contiguous(memory_format=memory_format)
+        if _memory_order(x) is not None:  # dense, not contiguous (channels-last): keep the strides
+            return torch.empty_strided(x.shape, x.stride(), dtype=host.dtype).copy_(host)
         return host
     _check_device(device)
     if x.device.type != "tpu":  # host -> device
         if dtype is not None and dtype != x.dtype:
             x = x.to(dtype)
-        return from_cpu(x)
+        if not preserve:
+            x = x.contiguous(memory_format=memory_format)
+        return from_cpu(x, keep_layout=True)
     return dispatch.run(
         aten._to_copy.default,
         (x,),
