@@ -94,3 +94,15 @@ def test_generation_matches_the_cpu_with_bounded_programs(name: str, mode: str) 
     assert "same as the CPU" in out
     m = re.search(r"\((\d+) for the last prompt", out)
     assert m and int(m.group(1)) == 0, out[-2000:]
+
+
+INFERENCE = {"resnet-infer": "examples/resnet/infer.py", "unet-sample": "examples/unet/sample.py"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", INFERENCE)
+def test_inference_matches_the_cpu(name: str, mode: str) -> None:
+    """ResNet eval-mode logits and DDPM samples from the same weights on tpu and the CPU."""
+    out = run_example(INFERENCE[name], "--size", "tiny", "--compare", "--mode", mode)
+    assert "same as the CPU" in out
