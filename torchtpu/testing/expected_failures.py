@@ -82,8 +82,9 @@ _ISTFT_WINDOW = (
 _NORM_STATS = (
     "the saved statistics' dtype and shape: tpu returns save_mean/save_invstd (layer_norm's mean/rstd) in float32 for "
     "16-bit inputs, as CUDA's kernels and PyTorch's meta functions do (the accumulate type), and with shape [C] in eval "
-    "mode (the meta function's shape), where the CPU returns them in the input's dtype and, in eval mode, empty; the "
-    "normalized output matches the CPU"
+    "mode (the meta function's shape), where the CPU returns them in the input's dtype and, in eval mode, empty; so "
+    "out= statistics in a 16-bit dtype are refused with the CPU's own exact-dtype message ('expected scalar type Float "
+    "but found Half'), which the CPU raises for float32 ones; the normalized output matches the CPU"
 )
 _ADDBMM_INPLACE = (
     "addbmm_ on a self that only broadcasts to the result (shape [1] or [] against [5, 10]): the CPU (and CUDA) resize "
