@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 try:
     from tqdm import tqdm
@@ -183,6 +184,36 @@ def train(task: Task, device: str, mode: str, steps: int, bf16: bool = False, se
         settled_graphs=after[1] - settled[1],
         model=model,
     )
+
+
+def next_token_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """Cross-entropy of the model's logits (batch, time, vocab) against the next tokens."""
+    x, y = batch
+    logits = model(x)
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+
+
+def language_task(name: str, build: Callable[[], nn.Module], corpus: CharCorpus, batch_size: int, block: int) -> Task:
+    """Next-character training on ``corpus`` with AdamW (the text examples' task)."""
+    return Task(
+        name=name,
+        build=build,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=3e-3, weight_decay=0.1),
+        batch=lambda step: corpus.batch(step, batch_size, block),
+        loss=next_token_loss,
+        unit="tokens",
+        items=lambda batch: batch[0].numel(),
+    )
+
+
+def check_against_cpu(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Print the largest difference of ``what`` from the CPU's; exit with status 1 when
+    the two differ beyond float32 tolerance."""
+    agree = torch.allclose(actual, expected, **FLOAT32_TOLERANCE)
+    worst = (actual - expected).abs().max().item()
+    print(f"largest {what} difference {worst:.2e}: {'same as the CPU' if agree else 'DIFFERENT from the CPU'}")
+    if not agree:
+        sys.exit(1)
 
 
 def losses_agree(run: Run, reference: Run, bf16: bool) -> bool:

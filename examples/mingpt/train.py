@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
-
-import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -30,20 +26,7 @@ def task(size: str) -> tuple[harness.Task, harness.CharCorpus]:
     corpus = harness.CharCorpus.load()
     config = GPTConfig(vocab_size=corpus.vocab_size, **SIZES[size])
 
-    def loss(model: GPT, batch: Any) -> torch.Tensor:
-        x, y = batch
-        logits = model(x)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
-
-    return harness.Task(
-        name="mingpt",
-        build=lambda: GPT(config),
-        optimizer=lambda params: torch.optim.AdamW(params, lr=3e-3, weight_decay=0.1),
-        batch=lambda step: corpus.batch(step, BATCH[size], config.block_size),
-        loss=loss,
-        unit="tokens",
-        items=lambda batch: batch[0].numel(),
-    ), corpus
+    return harness.language_task("mingpt", lambda: GPT(config), corpus, BATCH[size], config.block_size), corpus
 
 
 def main(argv: list[str] | None = None) -> harness.Run:

@@ -14,10 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
-
-import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -35,20 +31,7 @@ def task(size: str, moe: bool = False) -> tuple[harness.Task, harness.CharCorpus
     corpus = harness.CharCorpus.load()
     c = config(size, moe, corpus)
 
-    def loss(model: Qwen3, batch: Any) -> torch.Tensor:
-        x, y = batch
-        logits = model(x)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
-
-    return harness.Task(
-        name="qwen-moe" if moe else "qwen",
-        build=lambda: Qwen3(c),
-        optimizer=lambda params: torch.optim.AdamW(params, lr=3e-3, weight_decay=0.1),
-        batch=lambda step: corpus.batch(step, BATCH[size], BLOCK[size]),
-        loss=loss,
-        unit="tokens",
-        items=lambda batch: batch[0].numel(),
-    ), corpus
+    return harness.language_task("qwen-moe" if moe else "qwen", lambda: Qwen3(c), corpus, BATCH[size], BLOCK[size]), corpus
 
 
 def add_moe_flag(p: argparse.ArgumentParser) -> None:

@@ -53,11 +53,7 @@ def main(argv: list[str] | None = None) -> torch.Tensor:
         expected = classify(reference, x, args, "cpu", "eager")
         for i, line in enumerate(top5(expected)):
             print(f" cpu image {i}: top-5 {line}")
-        agree = torch.allclose(logits, expected, **harness.FLOAT32_TOLERANCE)
-        worst = (logits - expected).abs().max().item()
-        print(f"largest logit difference {worst:.2e}: {'same as the CPU' if agree else 'DIFFERENT from the CPU'}")
-        if not agree:
-            sys.exit(1)
+        harness.check_against_cpu(logits, expected, "logit")
     return logits
 
 

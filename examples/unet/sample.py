@@ -67,11 +67,7 @@ def main(argv: list[str] | None = None) -> torch.Tensor:
         reference = t.build()
         reference.load_state_dict({k: v.cpu() for k, v in run.model.state_dict().items()})
         expected = sample(reference, argparse.Namespace(**{**vars(args), "mode": "eager"}), "cpu")
-        agree = torch.allclose(samples, expected, **harness.FLOAT32_TOLERANCE)
-        worst = (samples - expected).abs().max().item()
-        print(f"largest sample difference {worst:.2e}: {'same as the CPU' if agree else 'DIFFERENT from the CPU'}")
-        if not agree:
-            sys.exit(1)
+        harness.check_against_cpu(samples, expected, "sample")
     return samples
 
 
