@@ -43,6 +43,7 @@ def test_second_process_compiles_nothing(tmp_path):
     assert warm["y"] == cold["y"] == _expected()
 
 
+@pytest.mark.slow  # make test-all (make test stays within 15 minutes)
 def test_defer_and_fuse_training_step_starts_warm_in_a_second_process(tmp_path):
     env = {"TORCHTPU_DEFER_AND_FUSE": "1"}
     cold = _run(tmp_path, env)

@@ -181,6 +181,7 @@ def test_mismatched_collectives_name_both(tmp_path: Path) -> None:
         assert "rank 0: all_reduce" in res["error"] and "rank 1: broadcast" in res["error"]
 
 
+@pytest.mark.slow  # make test-all (make test stays within 15 minutes)
 def test_hung_peer_times_out_with_the_group_timeout(tmp_path: Path) -> None:
     _check_rc(spawn(SCRIPTS / "failures.py", "hang", out=tmp_path, TORCHTPU_TEST_TIMEOUT="3"))
     res = _read(tmp_path, "rank0.json")

@@ -1,6 +1,6 @@
 """The examples (examples/<name>/) as a user runs them: ``--size tiny --compare`` in each
 mode, in a process of their own. Each run must match the CPU (the script exits 1
-otherwise) and compile nothing in its last steps. ``make test`` runs minGPT in every mode;
+otherwise) and compile nothing in its last steps. ``make test`` runs minGPT eager and compiled;
 ``make test-examples`` runs them all."""
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ TRAINING = {
     "dlrm-adagrad": ("examples/dlrm/train.py", ["--optimizer", "adagrad"]),
     "unet": ("examples/unet/train.py", []),
 }
-# The subset make test runs (the rest: make test-examples).
-FAST = {"mingpt"}
+# The subset make test runs (the rest: make test-examples): minGPT eager and compiled
+# (DeferAndFuse training has its own tests in tests/test_deferred.py).
+FAST = {("mingpt", "eager"), ("mingpt", "compile")}
 # Examples whose last steps still compile, and why (each a backend limitation, not the
 # example's): the check asserts they do, so a fix shows up as a failure to update here.
 _JAGGED = (
@@ -66,7 +67,7 @@ def _cases() -> list:
     out = []
     for name, (script, extra) in TRAINING.items():
         for mode in MODES:
-            marks = () if name in FAST else (pytest.mark.slow,)
+            marks = () if (name, mode) in FAST else (pytest.mark.slow,)
             out.append(pytest.param(name, script, extra, mode, id=f"{name}-{mode}", marks=marks))
     return out
 
