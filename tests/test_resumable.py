@@ -36,7 +36,7 @@ def test_parts_share_the_cases_and_a_rerun_skips_what_is_recorded(build, capsys)
 
 def test_a_rerun_overrides_the_recorded_result(build) -> None:
     line = dict(op_id="abs", dtype="float32", mode="fwd", status="fail", case_id=CASES[0].id)
-    (build / "opinfo-full.jsonl.0of1").write_text(json.dumps(line) + "\n")
+    (build / "opinfo-full.jsonl.0of1").write_text(json.dumps(line) + '\n{"op_id": "ne')  # a run killed mid-line
     assert resumable.main(["run", "--rerun-failing"]) == 0
     assert resumable.main(["merge"]) == 0
     _, results = opinfo.read_json(str(build / "opinfo-full.json"))

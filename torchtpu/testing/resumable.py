@@ -38,7 +38,10 @@ def _lines() -> dict[str, dict[str, Any]]:
     for path in sorted(glob.glob(PREFIX + "*")):
         with open(path) as f:
             for line in f:
-                row = json.loads(line)
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:  # the last line of a run killed mid-write
+                    continue
                 latest[row["case_id"]] = row
     return latest
 
