@@ -221,10 +221,14 @@ def losses_agree(run: Run, reference: Run, bf16: bool) -> bool:
     return torch.allclose(torch.tensor(run.losses), torch.tensor(reference.losses), **tol)
 
 
+def _rate(per_second: float) -> str:
+    return "n/a" if math.isnan(per_second) else f"{per_second:,.0f}"  # n/a: no step after the warm-up
+
+
 def summary(task: Task, run: Run) -> str:
     return (
         f"{task.name} {run.device} {run.mode}: {len(run.losses)} steps, loss {run.losses[0]:.4f} -> {run.losses[-1]:.4f}, "
-        f"{run.items_per_second:,.0f} {task.unit}/s (first step {run.first_step_seconds:.2f} s), "
+        f"{_rate(run.items_per_second)} {task.unit}/s (first step {run.first_step_seconds:.2f} s), "
         f"{run.settled_compiles} programs compiled in the last {SETTLED_STEPS} steps"
     )
 
