@@ -54,14 +54,13 @@ def from_cpu(t: torch.Tensor, keep_layout: bool = False) -> torch.Tensor:
     a channels-last tensor stays channels-last, as ``.to("cuda")`` keeps it)."""
     _ensure_ops()
     order = _memory_order(t) if keep_layout else None
-    strides = contiguous_strides(t.shape)
+    sizes, strides = tuple(t.shape), (contiguous_strides(t.shape) if order is None else t.stride())
     if order is not None:  # upload the elements in memory order; the view restores the sizes
-        strides, t = t.stride(), t.permute(order)
+        t = t.permute(order)
     arr = _host_array(t)  # the buffer keeps the (permuted) tensor's shape (see Cell)
     buf = pjrt.get().put(arr)
     metrics.add("h2d_bytes", arr.nbytes)
     metrics.add("h2d_transfers")
-    sizes = tuple(t.shape) if order is None else tuple(t.shape[order.index(d)] for d in range(t.dim()))
     return new_tensor(Cell(arr.size, t.dtype, buf, arr.shape), sizes, strides, 0, t.dtype)
 
 
