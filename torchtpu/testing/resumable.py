@@ -26,8 +26,8 @@ from dataclasses import asdict
 from typing import Any
 
 from . import opinfo
+from .shards import BUILD
 
-BUILD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build")
 PREFIX = os.path.join(BUILD, "opinfo-full.jsonl")
 
 
