@@ -211,7 +211,7 @@ def _scale_parts(L: NodeLowering, z: Value, factor: float, divide: float | None 
     re, im = real(L, z), imag(L, z)
     op, c = ("divide", divide) if divide is not None else ("multiply", factor)
     k = L.full(c, re.shape, re.dtype)
-    k = _opaque(L, k) if divide is not None else k  # a true division (see _opaque)
+    k = opaque(L, k) if divide is not None else k  # a true division (see opaque)
     return make_complex(L, L.b.binary(op, re, k), L.b.binary(op, im, k))
 
 
@@ -337,7 +337,7 @@ def _exact_divisor(L: NodeLowering, divisor: Any, x: Value, y: Value) -> tuple[V
     ``a / a`` 0.99999994 and so truncates 5.125 // 5.125 to 0; dividing by an opaque value
     rounds once, as the CPU does."""
     if not isinstance(divisor, Value) or divisor.shape != y.shape:
-        y = _opaque(L, y)
+        y = opaque(L, y)
     return x, y
 
 
@@ -876,7 +876,7 @@ def round_decimals(L: NodeLowering, x: Value, decimals: int = 0) -> Value:
         return b.unary("round_nearest_even", x) if is_float(x.dtype) else x
     out = x.dtype
     x = L.to(x, _opmath(out))
-    t = _opaque(L, L.full(10.0 ** abs(decimals) if abs(decimals) < 309 else math.inf, x.shape, x.dtype))
+    t = opaque(L, L.full(10.0 ** abs(decimals) if abs(decimals) < 309 else math.inf, x.shape, x.dtype))
     if decimals < 0:
         r = b.binary("multiply", b.unary("round_nearest_even", b.binary("divide", x, t)), t)
     else:
@@ -884,10 +884,12 @@ def round_decimals(L: NodeLowering, x: Value, decimals: int = 0) -> Value:
     return L.to(r, out)
 
 
-def _opaque(L: NodeLowering, c: Value) -> Value:
-    """``c`` behind an optimization barrier: XLA rewrites a division by a constant into a
-    multiplication by its rounded reciprocal (x / 1000 becomes x * 0.001, an ulp off for
-    half the inputs); dividing by an opaque value rounds once, as the CPU does."""
+def opaque(L: NodeLowering, c: Value) -> Value:
+    """``c`` behind an optimization barrier: XLA rewrites a division by a constant or a
+    broadcast into a multiplication by its rounded reciprocal (x / 1000 becomes x * 0.001,
+    an ulp off for half the inputs); dividing by an opaque value rounds once, as the CPU
+    does. The one way every rule keeps a divisor exact (put it on the full-size divisor:
+    a barrier before a broadcast leaves the broadcast to rewrite)."""
     (v,) = L.b.op("stablehlo.optimization_barrier", [c], [(c.shape, c.dtype)])
     return v
 

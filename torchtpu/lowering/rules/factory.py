@@ -16,6 +16,7 @@ from ...stablehlo.builder import Value
 from ...stablehlo.types import is_complex, is_float
 from ..context import NodeLowering
 from ..registry import register
+from .elementwise import opaque
 
 aten = torch.ops.aten
 
@@ -140,10 +141,9 @@ def _linspace_values(L: NodeLowering, start: Any, end: Any, steps: int, cdt: tor
 def _opaque_count(L: NodeLowering, n: int, shape: tuple[int, ...], dtype: torch.dtype) -> Value:
     """The constant ``n`` behind an optimization barrier: XLA would turn a division by a
     constant into a multiplication by its rounded reciprocal, and linspace(50, 1, 50) in
-    int64 would truncate 1 + 24 * 0.999... to 24 where the CPU's exact step gives 25."""
-    b = L.b
-    (c,) = b.op("stablehlo.optimization_barrier", [_as_scalar_t(L, n, dtype)], [((), dtype)])
-    return b.broadcast_in_dim(c, shape, [])
+    int64 would truncate 1 + 24 * 0.999... to 24 where the CPU's exact step gives 25. The
+    barrier goes after the broadcast: XLA also rewrites a division by a broadcast value."""
+    return opaque(L, L.b.broadcast_in_dim(_as_scalar_t(L, n, dtype), shape, []))
 
 
 def _first_half(L: NodeLowering, steps: int) -> Value:

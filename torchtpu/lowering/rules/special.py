@@ -22,6 +22,7 @@ import torch
 from ...stablehlo.builder import Value
 from ..context import NodeLowering
 from ..registry import register
+from .elementwise import opaque
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -109,9 +110,7 @@ def _div_exact(x: _X, c: float) -> _X:
     """x / c rounded once, as the C++ does: XLA rewrites a division by a broadcast constant
     into a multiplication by its (rounded) reciprocal, one ulp off for c = 3; an
     optimization barrier hides the constant from that rewrite."""
-    L = x.L
-    (divisor,) = L.b.op("stablehlo.optimization_barrier", [x.const(c).v], [(x.v.shape, x.v.dtype)])
-    return _X(L, L.b.binary("divide", x.v, divisor))
+    return _X(x.L, x.L.b.binary("divide", x.v, opaque(x.L, x.const(c).v)))
 
 
 def _isinf(x: _X) -> _X:
