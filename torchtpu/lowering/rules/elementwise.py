@@ -13,7 +13,7 @@ from ...stablehlo.builder import Value
 from ...stablehlo.types import is_complex, is_float, is_unsigned
 from ..context import NodeLowering, ScalarValue, TensorSpec
 from ..registry import register
-from .complex import COMPLEX_FIXED, complex_power, complex_power_scalar, complex_unary, modulus
+from .complex import COMPLEX_FIXED, complex_power, complex_power_scalar, complex_unary, conj, imag, make_complex, modulus, real
 from .reduction import acc_dtype
 
 aten = torch.ops.aten
@@ -155,8 +155,6 @@ def _complex_sgn(L: NodeLowering, x: Value) -> Value:
     |z| overflows for parts near the dtype's max (sgn(-M - Mj) was 0, the value is
     -(1 + 1j) / sqrt(2)). Dividing both parts by one real keeps the direction, which is all
     sgn returns."""
-    from .complex import imag, make_complex, real
-
     b = L.b
     re, im = real(L, x), imag(L, x)
     big = b.binary("maximum", b.unary("abs", re), b.unary("abs", im))
@@ -206,8 +204,6 @@ def exp2(L: NodeLowering, x: Value) -> Value:
 
 def _scale_parts(L: NodeLowering, z: Value, factor: float, divide: float | None = None) -> Value:
     """A complex ``z`` with both parts multiplied by ``factor`` (or divided by ``divide``)."""
-    from .complex import imag, make_complex, real
-
     re, im = real(L, z), imag(L, z)
     op, c = ("divide", divide) if divide is not None else ("multiply", factor)
     k = L.full(c, re.shape, re.dtype)
@@ -227,8 +223,6 @@ def bitwise_not(L: NodeLowering, x: Value) -> Value:
 
 def _either_part(L: NodeLowering, x: Value, test: Any, combine: str = "or") -> Value:
     """isnan/isinf/isfinite of a complex number combine the tests of its two parts."""
-    from .complex import imag, real
-
     return L.b.binary(combine, test(L, real(L, x)), test(L, imag(L, x)))
 
 
@@ -676,8 +670,6 @@ def elu(L: NodeLowering, x: Value, alpha: Any = 1, scale: Any = 1, input_scale: 
 @register(aten.sigmoid_backward.default)
 @in_opmath
 def sigmoid_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
-    from .complex import conj
-
     b = L.b
     one = L.full(1, y.shape, y.dtype)
     return b.binary("multiply", grad, conj(L, b.binary("multiply", y, b.binary("subtract", one, y))))
@@ -686,8 +678,6 @@ def sigmoid_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
 @register(aten.tanh_backward.default)
 @in_opmath
 def tanh_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
-    from .complex import conj
-
     b = L.b
     one = L.full(1, y.shape, y.dtype)
     return b.binary("multiply", grad, conj(L, b.binary("subtract", one, b.binary("multiply", y, y))))
@@ -726,8 +716,8 @@ def lerp(L: NodeLowering, x: Value, end: Value, weight: Any) -> Value:
     one = L.full(1, w.shape, w.dtype)
     near_start = b.binary("add", x, b.binary("multiply", w, diff))
     near_end = b.binary("subtract", end, b.binary("multiply", diff, b.binary("subtract", one, w)))
-    real = w.dtype.to_real()  # |w| of a complex weight is real, as std::abs on the CPU
-    small = b.compare(b.unary("abs", w, real), L.full(0.5, w.shape, real), "LT")
+    real_dtype = w.dtype.to_real()  # |w| of a complex weight is real, as std::abs on the CPU
+    small = b.compare(b.unary("abs", w, real_dtype), L.full(0.5, w.shape, real_dtype), "LT")
     return L.to(b.select(small, near_start, near_end), out)
 
 
