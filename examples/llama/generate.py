@@ -77,17 +77,6 @@ class Generation:
     programs: int  # XLA programs compiled so far (tpu only)
 
 
-def compiles(device: str) -> int:
-    """XLA programs compiled so far, counting those found in torchtpu's disk cache (a
-    second run loads them instead of compiling). The one torchtpu-specific line."""
-    if device != "tpu":
-        return 0
-    import torchtpu
-
-    m = torchtpu.metrics.snapshot()
-    return m["compiles"] + m["disk_cache_hits"]
-
-
 def steps_for(device: str, mode: str) -> tuple[Step, Step]:
     """The prefill and decode functions, compiled for --mode compile. dynamic=False: each
     bucket is its own static program (Dynamo would otherwise make the prompt length a
@@ -124,7 +113,7 @@ def generate(
                 tokens.append(token)
             ids = torch.cat(tokens, dim=1)[0].tolist()  # waits for the device
             seconds = time.perf_counter() - t0
-            out.append(Generation(prompt, corpus.decode(ids), ids, seconds, new_tokens - 1, compiles(device)))
+            out.append(Generation(prompt, corpus.decode(ids), ids, seconds, new_tokens - 1, harness.programs_built(device)))
     return out
 
 
@@ -161,7 +150,7 @@ def run(
     task, corpus = make_task(args)
     # --bf16 trains under autocast; generation runs in float32 (the caches' dtype)
     model = harness.train(task, args.device, args.mode, args.steps, args.bf16, args.seed).model
-    before = compiles(args.device)
+    before = harness.programs_built(args.device)
     gens = generate(model, corpus, args.device, args.mode, args.new_tokens, args.max_len)
     line = report(task.name, args.device, args.mode, gens, before)
     differ = False
