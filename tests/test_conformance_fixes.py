@@ -160,6 +160,8 @@ def test_division_by_a_broadcast_divisor_rounds_once(shape_a, shape_b):
     a, b = torch.randn(shape_a) * 10, torch.randn(shape_b)
     assert torch.equal((a.to(TPU) / b.to(TPU)).cpu(), a / b)
     assert torch.equal((a.to(TPU) / 3.0).cpu(), a / 3.0)
+    shape = torch.broadcast_shapes(shape_a, shape_b)  # an expanded view (stride 0) is read as a broadcast
+    assert torch.equal((a.to(TPU) / b.to(TPU).expand(shape)).cpu(), a / b.expand(shape))
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))

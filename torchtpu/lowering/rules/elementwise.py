@@ -314,25 +314,18 @@ def _int_operands(L: NodeLowering, x: Any, y: Any) -> list[Value]:
 
 @register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div(L: NodeLowering, x: Any, y: Any, rounding_mode: str | None = None) -> Value:
+    # Every float divisor is opaque (see opaque): XLA rewrites a / broadcast(b) into
+    # a * broadcast(1 / b), an ulp off for a quarter of the elements (a / a = 0.99999994,
+    # so 5.125 // 5.125 truncated to 0), and a divisor can be a broadcast without looking
+    # like one here: a number, a smaller operand, or an expanded view (read as a broadcast).
     out = L.out[0].dtype
     if rounding_mode is None:
-        x, y = _exact_divisor(L, y, *L.promote(x, y, dtype=_opmath(out)))
-        return L.to(L.b.binary("divide", x, y), out)
-    if _opmath(out) is not out:
-        return L.to(_div_rounded(L, *_exact_divisor(L, y, *L.promote(x, y, dtype=torch.float32)), rounding_mode), out)
-    x, y = _int_operands(L, x, y) if _integral(out) else _exact_divisor(L, y, *L.promote(x, y, dtype=out))
-    return _div_rounded(L, x, y, rounding_mode)
-
-
-def _exact_divisor(L: NodeLowering, divisor: Any, x: Value, y: Value) -> tuple[Value, Value]:
-    """The promoted operands of a float division, with a divisor that was broadcast (or is
-    a number) made opaque. XLA rewrites ``a / broadcast(b)`` into ``a * broadcast(1 / b)``
-    (no flag turns it off), which is an ulp off for a quarter of the elements, makes
-    ``a / a`` 0.99999994 and so truncates 5.125 // 5.125 to 0; dividing by an opaque value
-    rounds once, as the CPU does."""
-    if not isinstance(divisor, Value) or divisor.shape != y.shape:
-        y = opaque(L, y)
-    return x, y
+        x, y = L.promote(x, y, dtype=_opmath(out))
+        return L.to(L.b.binary("divide", x, opaque(L, y)), out)
+    if _integral(out):
+        return _div_rounded(L, *_int_operands(L, x, y), rounding_mode)
+    x, y = L.promote(x, y, dtype=torch.float32 if _opmath(out) is not out else out)
+    return L.to(_div_rounded(L, x, opaque(L, y), rounding_mode), out)
 
 
 def _div_rounded(L: NodeLowering, x: Value, y: Value, rounding_mode: str) -> Value:
