@@ -14,6 +14,9 @@ Rows:
   tpu eager, static cache   the same with the static cache
   tpu DeferAndFuse, static  torchtpu.eager_mode("defer_and_fuse"), static cache
   tpu compiled, static      forward torch.compile(backend="tpu"), static cache
+  tpu compiled + DeferAndFuse   the same, generate()'s own loop under DeferAndFuse (its
+                            bookkeeping ops fuse into a graph per step instead of a
+                            program per op)
   tpu static, transformers compile   cache_implementation="static" alone: transformers
                             compiles the decode step (backend "tpu"), prefill runs eagerly
 "compiles" counts torchtpu programs: in the first call (every tpu row starts cold: the
@@ -134,6 +137,7 @@ def rows() -> list[tuple[str, Callable[[], dict[str, Any]]]]:
         ("tpu eager, static cache", tpu(True)),
         ("tpu DeferAndFuse, static cache", tpu(True, dnf)),
         ("tpu compiled, static cache", tpu(True, compiled=True)),
+        ("tpu compiled + DeferAndFuse", tpu(True, dnf, compiled=True)),
         ("tpu static, transformers compile", tpu(True, auto=True)),
     ]
 

@@ -81,7 +81,8 @@ def test_size_one_dims_strides_do_not_make_programs(cold: None) -> None:
 
 
 def test_capacity() -> None:
-    assert [growth.capacity(n) for n in (1, 64, 65, 128, 129, 1 << 16)] == [64, 64, 128, 128, 256, 1 << 16]
+    assert [growth.capacity(n) for n in (1, 512, 513, 1024, 1025, 1 << 16)] == [512, 512, 1024, 1024, 2048, 1 << 16]
+    assert [growth.capacity(1, size) for size in (1, 2, 4, 8, 16)] == [4096, 2048, 1024, 512, 256]  # at least 4 KiB
     n = (1 << 16) + 1
     assert growth.capacity(n) == (1 << 16) + (1 << 14)  # past 64K elements: steps of an eighth
     assert all(growth.capacity(n) >= n for n in range(1, 300000, 997))
@@ -102,7 +103,8 @@ def generate_like(device: str, steps: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
-def test_growing_tensor_compiles_per_capacity_not_per_length(cold: None, mode: str) -> None:
+def test_growing_tensor_compiles_per_capacity_not_per_length(cold: None, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(growth, "_MIN_BYTES", 512)  # int64 storages of 64, 128, 256: 100 tokens cross two
     expected = generate_like("cpu", 100)
     before = compiles()
     with torchtpu.eager_mode(mode):
@@ -117,7 +119,7 @@ def test_appended_result_is_an_ordinary_contiguous_tensor() -> None:
     a = torch.randn(1, 5)
     t = torch.cat([a.to(TPU), a.to(TPU)], dim=1)
     assert t.shape == (1, 10) and t.stride() == (10, 1) and t.is_contiguous()
-    assert t.untyped_storage().nbytes() == growth.capacity(10) * 4  # the spare capacity
+    assert t.untyped_storage().nbytes() == growth.capacity(10, 4) * 4  # the spare capacity
     torch.testing.assert_close(t.cpu(), torch.cat([a, a], dim=1), rtol=0, atol=0)
     torch.testing.assert_close(t.view(2, 5).cpu(), torch.cat([a, a], dim=1).view(2, 5), rtol=0, atol=0)
     saved = t.cpu()

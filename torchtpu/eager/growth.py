@@ -6,8 +6,8 @@ program per token for the cat and for every op that then reads ``ids[:, -1:]``.
 
 When the concatenation is a flat append — every input contiguous and every dimension
 before ``dim`` of size 1, so the result's elements are the inputs' elements one after
-another — the result is written into a storage with spare capacity (``capacity``:
-powers of two, then steps of an eighth), by a program keyed by the storages' capacities,
+another — the result is written into a storage with spare capacity (``capacity``: at
+least 4 KiB, then powers of two, then steps of an eighth), by a program keyed by the storages' capacities,
 not by the lengths: each input is copied with ``dynamic_update_slice`` at a position
 passed at run time. The next step's inputs live in such storages too, so the same program
 serves every length up to the capacity, and the views read from them
@@ -29,14 +29,20 @@ from ..lowering.strided import contiguous_strides, storage_param, window
 from ..stablehlo.builder import Builder, Value
 from ..tensor.storage import Cell, cell_of, new_tensor
 
-_SMALL = 1 << 16  # up to here capacities are powers of two (at least _MIN); above, eighths of one
-_MIN = 64
+_SMALL = 1 << 16  # up to here capacities are powers of two (at least _MIN_BYTES); above, eighths of one
+# The smallest storage an append gets. Every capacity a generation passes through costs a
+# program per op that reads the storage (a fused step graph: three), so a small one is
+# worth making roomy: 4 KiB holds a 512-token int64 prompt plus its continuation, where
+# 64 elements made a 64-token generate() from an 8-token prompt go through 64 and 128.
+_MIN_BYTES = 4096
 
 
-def capacity(numel: int) -> int:
-    """The storage size (in elements) an appended result of ``numel`` elements gets."""
-    if numel <= _MIN:
-        return _MIN
+def capacity(numel: int, itemsize: int = 8) -> int:
+    """The storage size (in elements) an appended result of ``numel`` elements of
+    ``itemsize`` bytes gets."""
+    least = max(_MIN_BYTES // itemsize, 1)
+    if numel <= least:
+        return least
     p = 1 << (numel - 1).bit_length()
     if p <= _SMALL:
         return p
@@ -74,7 +80,7 @@ def plan_append(tensors: Sequence[Any], dim: int) -> Append | None:
     if sizes is None:
         return None
     dtype = tensors[0].dtype
-    cap = capacity(sum(t.numel() for t in tensors))
+    cap = capacity(sum(t.numel() for t in tensors), tensors[0].element_size())
     cells = [cell_of(t) for t in tensors]
     if any(c.numel > cap for c in cells):  # a small view of a large storage: copy it the usual way
         return None

@@ -30,9 +30,12 @@ OutSpec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int]  # sizes, st
 
 
 def lifted(v: Any, lift: bool) -> bool:
-    """Is this Python number passed as a device operand (not baked into the program)?"""
+    """Is this Python number passed as a device operand (not baked into the program)?
+    A bool always is (an int64 operand that promotes as a bool): both of its values are
+    "special", and a flag computed on the host each step, as generate()'s
+    ``torch.full((batch,), cur_len >= max_length)``, would otherwise make a program per value."""
     tp = type(v)
-    return lift and (tp is float or tp is int or tp is complex) and v not in _SPECIAL_SCALARS
+    return lift and (tp is bool or ((tp is float or tp is int or tp is complex) and v not in _SPECIAL_SCALARS))
 
 
 def scalar_dtype(pytype: type) -> torch.dtype:

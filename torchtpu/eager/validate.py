@@ -134,7 +134,10 @@ def arguments(plan: OpPlan, values: list[Any]) -> None:
     """The argument rules of ops whose CPU kernels check more than (or word it differently
     from) their meta functions: empty reductions, the matmul family, factories' sizes,
     inputs that must share a dtype. Also called when a meta function refuses a call
-    (plan.functional_meta), so the CPU's message wins over the meta's."""
+    (plan.functional_meta), so the CPU's message wins over the meta's. Only aten ops: the
+    rules go by op name, and a library's ``mylib::scatter`` is not aten's scatter."""
+    if plan.op.namespace != "aten":
+        return
     rule = _shape_rules().get(plan.functional)
     if rule is None and plan.functional._opname in _FACTORIES:
         rule = _factory_size
@@ -537,6 +540,7 @@ _INPUT_RULES: dict[str, Callable[[OpPlan, dict[str, Any]], None]] = {
     "complex": _complex,
     "lerp": _same_dtype("end", "expected dtype {s} for `end` but got dtype {a}"),
     "sub": _sub,
+    "rsub": _sub,
     "heaviside": _heaviside,
     "exponential": _continuous("Exponential", type_meta=False),
     "cauchy": _continuous("Cauchy", type_meta=True),

@@ -1,0 +1,78 @@
+"""Python numbers given where a schema says Scalar: their values are program operands, not
+part of the program's key (``eager/oplower.lifted``), so a value computed on the host each
+step does not compile a program per value. Bools are operands too; they must still
+promote, compare and fill as bools, exactly as on the CPU, and raise where the CPU raises."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from utils import TPU
+
+import torchtpu
+
+B = torch.tensor([True, False, True])
+I = torch.tensor([1, 2, 3])
+F = torch.tensor([1.5, -2.0, 0.0])
+
+BOOL_SCALAR_CALLS: dict[str, tuple[Callable[..., torch.Tensor], torch.Tensor]] = {
+    "full_like": (lambda x, v: torch.full_like(x, v), I),
+    "new_full": (lambda x, v: x.new_full((2,), v), F),
+    "add_bool": (lambda x, v: x + v, B),
+    "add_int": (lambda x, v: x + v, I),
+    "mul_float": (lambda x, v: x * v, F),
+    "eq_bool": (lambda x, v: x == v, B),
+    "eq_int": (lambda x, v: x == v, I),
+    "lt_float": (lambda x, v: x < v, F),
+    "masked_fill": (lambda x, v: x.clone().masked_fill(x, v), B),
+    "fill_bool": (lambda x, v: x.clone().fill_(v), B),
+    "fill_float": (lambda x, v: x.clone().fill_(v), F),
+    "or": (lambda x, v: x | v, B),
+    "xor": (lambda x, v: x ^ v, B),
+    "and_int": (lambda x, v: x & v, I),
+    "clamp_min": (lambda x, v: x.clamp(min=v), F),
+    "clamp_max_int": (lambda x, v: torch.clamp_max(x, v), I),
+    "pow": (lambda x, v: x.pow(v), F),
+    "where": (lambda x, v: torch.where(x, x.int(), v), B),
+}
+
+
+@pytest.mark.parametrize("value", [True, False])
+@pytest.mark.parametrize("name", BOOL_SCALAR_CALLS)
+def test_bool_scalar_operands_match_the_cpu(name: str, value: bool) -> None:
+    fn, x = BOOL_SCALAR_CALLS[name]
+    expected = fn(x, value)
+    got = fn(x.to(TPU), value)
+    assert got.dtype == expected.dtype
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("value", [True, False])
+@pytest.mark.parametrize("fn", [lambda x, v: x - v, lambda x, v: torch.rsub(x, v)], ids=["sub", "rsub"])
+def test_subtracting_a_bool_scalar_raises_as_on_the_cpu(fn: Callable[..., torch.Tensor], value: bool) -> None:
+    with pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with a bool tensor is not supported"):
+        fn(F, value)
+    with pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with a bool tensor is not supported"):
+        fn(F.to(TPU), value)
+
+
+def compiles() -> int:
+    return torchtpu.metrics.snapshot()["compiles"]
+
+
+@pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
+def test_a_host_flag_does_not_compile_a_program_per_value(mode: str) -> None:
+    """generate()'s stopping criterion fills ``torch.full((batch,), cur_len >= max_length)``
+    every step: its last step (True) must reuse the program of the others (False)."""
+
+    def step(flag: bool) -> torch.Tensor:
+        return torch.full((3,), flag, device=TPU, dtype=torch.bool) | B.to(TPU)
+
+    with torchtpu.eager_mode(mode):
+        expected_false = step(False).cpu()  # compiles (or not, from the disk cache)
+        before = compiles()
+        got_true = step(True).cpu()
+        assert compiles() == before
+    assert torch.equal(expected_false, B) and torch.equal(got_true, torch.ones(3, dtype=torch.bool))
