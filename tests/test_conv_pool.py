@@ -146,3 +146,26 @@ def test_pad_backward_matches_cpu(mode):
     F.pad(x, (2, 2, 2, 2), mode=mode).backward(g)
     F.pad(xt, (2, 2, 2, 2), mode=mode).backward(g.to(TPU))
     assert_close(xt.grad, x.grad)
+
+
+@pytest.mark.parametrize(
+    "shape, fmt, conv",
+    [((2, 3, 8, 8), torch.channels_last, torch.nn.Conv2d), ((2, 3, 6, 6, 6), torch.channels_last_3d, torch.nn.Conv3d)],
+    ids=["2d", "3d"],
+)
+@pytest.mark.parametrize("which", ["input", "weight"])
+def test_convolution_output_keeps_the_channels_last_layout(shape, fmt, conv, which):
+    """A channels-last input or weight gives a channels-last output, as on the CPU and CUDA
+    (the meta kernel answered contiguous): a channels-last model stays channels-last."""
+    torch.manual_seed(0)
+    module = conv(3, 4, 3)
+    x = torch.randn(*shape)
+    if which == "input":
+        x = x.contiguous(memory_format=fmt)
+    else:
+        module = module.to(memory_format=fmt)
+    expected = module(x)
+    got = copy.deepcopy(module).to(TPU)(x.to(TPU))
+    assert expected.is_contiguous(memory_format=fmt)
+    assert got.stride() == expected.stride()
+    assert_close(got.cpu(), expected, **CONV_TOL)

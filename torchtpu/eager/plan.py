@@ -166,6 +166,8 @@ class OpPlan:
 
             arguments(self, values)
             raise
+        if self.functional is _CONVOLUTION:
+            out = _conv_output_layout(out, metas[0], metas[1])
         return list(out) if self.functional_returns_tuple else [out]
 
     def mutated_tensors(self, values: list[Any]) -> list[Any]:
@@ -183,6 +185,23 @@ class OpPlan:
 
 
 _META = torch.device("meta")
+_CONVOLUTION = torch.ops.aten.convolution.default
+
+
+def _conv_output_layout(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A convolution's output in CUDA's memory format: channels-last when the input or the
+    weight is (cuDNN's rule; the CPU's oneDNN follows the input). The meta kernel, given
+    meta tensors, always answers contiguous, which made a channels-last model's
+    activations contiguous after its first convolution."""
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    fmt = formats.get(out.dim())
+    if fmt is None or out.is_contiguous(memory_format=fmt):
+        return out
+    if x.is_contiguous(memory_format=fmt) and not x.is_contiguous() or (
+        weight.is_contiguous(memory_format=fmt) and not weight.is_contiguous()
+    ):
+        return torch.empty_like(out, memory_format=fmt)
+    return out
 
 
 def _meta(v: Any) -> Any:
