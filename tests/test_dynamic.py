@@ -178,3 +178,23 @@ def test_unsafe_ops_fall_back_to_exact_shapes() -> None:
         for n in (3, 5):
             x = torch.randn(n, 4)
             assert_close(compiled(x.to(TPU)), fn(x))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.sum(0) / x.shape[0],  # the length divides: the bucket's size gave 0.75 for 1.0
+        lambda x: x * x.shape[0],
+        lambda x: x + torch.full((1,), x.shape[0], device=x.device),  # a fill value
+    ],
+    ids=["divide", "multiply", "fill"],
+)
+def test_a_size_used_as_a_number_runs_at_exact_shapes(fn) -> None:
+    """A bucketed program is built for the bucket's size: where the length enters the
+    arithmetic, it would compute with the bucket instead (wrong values), so the graph
+    runs at exact shapes, with the warning."""
+    compiled = torch.compile(fn, backend="tpu", dynamic=True, options={"max_size": 64})
+    with pytest.warns(UserWarning, match="used as a number"):
+        for n in (3, 5, 6):
+            x = torch.randn(n, 2)
+            assert_close(compiled(x.to(TPU)), fn(x))

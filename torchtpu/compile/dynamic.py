@@ -200,6 +200,10 @@ def _pad_host(t: torch.Tensor, pads: list[tuple[int, int]]) -> torch.Tensor:
 
 
 def _unsafe_reason(gm: torch.fx.GraphModule) -> str | None:
+    return _unsafe_op(gm) or _size_used_as_a_value(gm)
+
+
+def _unsafe_op(gm: torch.fx.GraphModule) -> str | None:
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
@@ -216,6 +220,48 @@ def _unsafe_reason(gm: torch.fx.GraphModule) -> str | None:
             # when a reshape folds a padded dim into another one
             return f"{node.target} makes a dimension of size {merged} (a reshape across a dynamic dim)"
     return None
+
+
+# Schema types of arguments that take a size (as the schema prints them; SymInt prints as
+# int): a bucketed program may be given the bucket there.
+_SIZE_TYPES = {"int", "List[int]", "Optional[int]", "Optional[List[int]]"}
+
+
+def _size_used_as_a_value(gm: torch.fx.GraphModule) -> str | None:
+    """A dynamic size that enters the computation as a number (``x.sum(0) / x.shape[0]``,
+    ``x * n``, ``torch.full((1,), n)``): the program, built for the bucket, would compute
+    with the bucket's size instead of the true one -- wrong values, so such a graph runs at
+    exact shapes. Sizes that only shape tensors (view, full's size, arange's end, slice
+    bounds) are what bucketing is for; a size the graph returns (a forward saving it for
+    its backward) is the caller's own (``CompiledGraph._unpad``)."""
+    for node in gm.graph.nodes:
+        if not _symbolic(node.meta.get("val")):
+            continue
+        for user in node.users:
+            if user.op != "call_function" or not isinstance(user.target, torch._ops.OpOverload):
+                continue  # operator.mul, sym_float...: their results are checked in turn
+            for arg, value in _schema_args(user):
+                if value is node or (isinstance(value, (list, tuple)) and node in value):
+                    if str(arg.type) not in _SIZE_TYPES and not _arange_end(user, arg):
+                        return f"the size {node.name} is used as a number by {user.target}"
+    return None
+
+
+def _arange_end(node: torch.fx.Node, arg: Any) -> bool:
+    """``arange(n)``'s end is a length (the bucket's first n values are the same)."""
+    return node.target.overloadpacket is aten.arange and arg.name == "end"
+
+
+def _symbolic(val: Any) -> bool:
+    return isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) and val.node.maybe_as_int() is None
+
+
+def _schema_args(node: torch.fx.Node) -> list[tuple[Any, Any]]:
+    arguments = node.target._schema.arguments
+    pairs = list(zip(arguments, node.args))
+    by_name = {a.name: a for a in arguments}
+    pairs.extend((by_name[k], v) for k, v in node.kwargs.items() if k in by_name)
+    return pairs
 
 
 def _merged_dim(val: Any) -> Any:

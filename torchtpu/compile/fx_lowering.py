@@ -252,7 +252,7 @@ class CompiledGraph:
 
             lengths = self.plan.lengths(args_l)
             buckets = [bucket(n, b) for n, b in zip(lengths, self.plan.bounds(args_l))]
-            args_l = self.plan.pad_args(args_l, buckets)
+            unpadded, args_l = args_l, self.plan.pad_args(args_l, buckets)
         call = _collect(args_l, self.name)
         if lengths is not None:
             rt = pjrt.get()
@@ -267,15 +267,19 @@ class CompiledGraph:
         self._last_key = key
         results = self._run(prog, call)
         if lengths is not None:
-            results = self._unpad(prog, results, lengths)
+            results = self._unpad(prog, results, lengths, unpadded)
         return results
 
-    def _unpad(self, prog: Program, results: list[Any], lengths: list[int]) -> list[Any]:
-        """Outputs with dynamic dims: views of their first ``n`` rows (over the padded storage)."""
+    def _unpad(self, prog: Program, results: list[Any], lengths: list[int], args: list[Any]) -> list[Any]:
+        """Outputs with dynamic dims: views of their first ``n`` rows (over the padded
+        storage); an input returned as it is (a size a forward saves for its backward) is
+        the caller's own, not its padded or bucketed stand-in."""
         subs = dict(zip(self.plan.symbols, lengths))
         out = []
         for spec, r in zip(prog.outputs, results):
-            if spec[0] == "new" and len(spec) > 5 and spec[5] is not None and isinstance(r, torch.Tensor):
+            if spec[0] == "input":
+                r = args[spec[1]]
+            elif spec[0] == "new" and len(spec) > 5 and spec[5] is not None and isinstance(r, torch.Tensor):
                 sizes = [int(e.xreplace(subs)) if hasattr(e, "xreplace") else int(e) for e in spec[5]]
                 r = r.as_strided(sizes, r.stride(), 0)
             out.append(r)
