@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -196,5 +197,30 @@ def test_a_size_used_as_a_number_runs_at_exact_shapes(fn) -> None:
     compiled = torch.compile(fn, backend="tpu", dynamic=True, options={"max_size": 64})
     with pytest.warns(UserWarning, match="used as a number"):
         for n in (3, 5, 6):
-            x = torch.randn(n, 2)
+            x = torch.randn(n)  # one dimension: one dynamic size
             assert_close(compiled(x.to(TPU)), fn(x))
+
+
+def test_two_dynamic_sizes_in_one_tensor_fall_back_to_exact_shapes() -> None:
+    """dynamic=True makes both the batch and the length of a batched linear dynamic; XLA's
+    verifier refuses a broadcast with two bounded dims (it raised a RET_CHECK), so the
+    graph runs at exact shapes, with the warning."""
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 48)
+    compiled = torch.compile(copy.deepcopy(lin).to(TPU), backend="tpu", dynamic=True, options={"max_size": 128})
+    with pytest.warns(UserWarning, match="two dynamic dimensions"), torch.no_grad():
+        for shape in ((2, 3, 16), (3, 5, 16)):
+            x = torch.randn(*shape)
+            assert_close(compiled(x.to(TPU)), lin(x))
+
+
+def test_a_python_int_argument_after_mark_dynamic() -> None:
+    """Once a tensor was marked dynamic, Dynamo passes a changing int argument as a
+    symbol: it is a number here, not a size (it raised "dynamic size ... has no bound")."""
+    torchtpu.mark_dynamic(torch.randn(4, 2).to(TPU), 0, 8)
+    compiled = torch.compile(lambda x, s: x * s, backend="tpu")
+    x = torch.randn(8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exact-shapes warning
+        for s in (2, 3, 4):
+            assert_close(compiled(x.to(TPU), s), x * s)

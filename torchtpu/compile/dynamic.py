@@ -22,7 +22,8 @@ Limits, checked before a graph is bucketed (otherwise it runs at exact shapes, o
 per length, with a warning): only ops known to be exact under XLA's masking (see
 ``PADDING_SAFE``) — e.g. ``mean`` divides by a size baked into the program, and
 ``reduce_window`` over a bounded dim is an XLA bug; no input mutations; every dynamic
-dimension is one plain symbol, and no other reshape folds it into another dimension.
+dimension is one plain symbol, and no other reshape folds it into another dimension; no
+tensor has two different dynamic sizes; no size enters the arithmetic as a number.
 Padding a dynamic input goes through the host (one transfer each way), as inputs of
 varying length usually come from there; so do a training step's saved activations.
 
@@ -214,6 +215,11 @@ def _unsafe_op(gm: torch.fx.GraphModule) -> str | None:
             continue
         if name not in PADDING_SAFE:
             return f"{node.target} is not known to be exact on padded, masked inputs"
+        several = _distinct_symbols(node.meta.get("val"))
+        if several:
+            # e.g. a batched linear with both batch and length dynamic: XLA's verifier
+            # refuses broadcasts with two bounded dims (a RET_CHECK in its dynamic padder)
+            return f"{node.target} makes a tensor with two dynamic dimensions ({several})"
         merged = _merged_dim(node.meta.get("val"))
         if merged is not None:
             # e.g. linear on a 3-d input views (b, n, d) as (b*n, d): XLA's masks go wrong
@@ -262,6 +268,16 @@ def _schema_args(node: torch.fx.Node) -> list[tuple[Any, Any]]:
     by_name = {a.name: a for a in arguments}
     pairs.extend((by_name[k], v) for k, v in node.kwargs.items() if k in by_name)
     return pairs
+
+
+def _distinct_symbols(val: Any) -> str | None:
+    """The symbols of a result with dims of two different dynamic sizes, if any."""
+    for v in val if isinstance(val, (tuple, list)) else [val]:
+        if isinstance(v, torch.Tensor):
+            symbols = {str(s.node.expr) for s in v.shape if isinstance(s, torch.SymInt) and s.node.maybe_as_int() is None}
+            if len(symbols) > 1:
+                return ", ".join(sorted(symbols))
+    return None
 
 
 def _merged_dim(val: Any) -> Any:
