@@ -1,5 +1,8 @@
 """torch.tpu mirrors torch.cuda; torch.accelerator agrees."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -93,3 +96,14 @@ def test_a_factory_op_can_be_the_first_tpu_op():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == str(torch.tril_indices(3, 3).tolist())
+
+
+def test_is_available_does_not_start_the_device():
+    """As torch.cuda.is_available(): asking must not create the client, which under the xla
+    collectives transport only init_process_group may create."""
+    code = (
+        "import torch; from torchtpu.runtime import pjrt; "
+        "assert torch.tpu.is_available() and torch.accelerator.is_available(); "
+        "assert not pjrt.started(), 'is_available() started the device'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

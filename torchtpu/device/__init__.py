@@ -14,6 +14,7 @@ import torch
 
 from ..runtime import memory as _memory
 from ..runtime import pjrt as _pjrt
+from ..runtime import platforms as _platforms
 from .matmul_precision import Precision, get_precision, precision  # noqa: F401 - torch.tpu.precision
 
 _DeviceProperties = namedtuple("_DeviceProperties", ["name", "platform", "type", "total_memory", "supports_float64"])
@@ -43,10 +44,16 @@ def _index(device: Any) -> int:
 
 
 def is_available() -> bool:
-    """True when a PjRT client can be started (always, for the embedded cpu platform)."""
+    """True when a platform to run on is found (always the embedded cpu one, unless
+    TORCHTPU_PLATFORM names one that is missing). Like ``torch.cuda.is_available()``, it
+    does not start the device: under the xla collectives transport the client must first
+    be created by ``init_process_group``, and ``if torch.tpu.is_available():`` before it
+    is the usual pattern."""
+    if _pjrt.started():
+        return True
     try:
-        _pjrt.get()
-    except Exception:  # noqa: BLE001 - any start-up failure means "not available"
+        _platforms.choose()
+    except Exception:  # noqa: BLE001 - a bad TORCHTPU_PLATFORM means "not available"
         return False
     return True
 
