@@ -44,6 +44,8 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
         raise sparse_not_supported(name)
     if op_report.recorder is not None:
         op_report.recorder.record(op_report.MISSING, name, "raised NotImplementedError")
+    if getattr(op, "namespace", "aten") not in ("aten", "prims", "_"):  # a third-party op: say how to lower it
+        raise not_implemented(name, "give it a lowering with torchtpu.library.register_lowering")
     raise not_implemented(name)
 
 
@@ -95,6 +97,25 @@ def _make_kernel(op: torch._ops.OpOverload) -> Any:
 
     kernel.__name__ = f"tpu_{op.name()}"
     return kernel
+
+
+def register_lowered_op(op: torch._ops.OpOverload) -> None:
+    """The tpu kernel of an op given a lowering rule at run time (torchtpu.library.
+    register_lowering, torchtpu.kernels): ``dispatch.run``, as for aten ops, in every eager
+    mode. Errors stay the rule's own: a third-party op's CPU kernel is no referee of its
+    arguments (it may not exist, or run a different algorithm)."""
+    if op in REGISTERED_OPS:  # an aten op that already runs through the registry
+        return
+    from .dispatch import run
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return run(op, args, kwargs)
+
+    kernel.__name__ = f"tpu_{op.name()}"
+    lib = torch.library.Library(op.namespace, "IMPL")
+    lib.impl(op, kernel, "PrivateUse1")
+    _libs.append(lib)
+    REGISTERED_OPS.add(op)
 
 
 def _has_kernel(qualified: str, key: str) -> bool:

@@ -82,6 +82,7 @@ class Builder:
         self._count = 0
         self.params: list[Value] = []
         self._param_attrs: list[str] = []
+        self._functions: dict[str, tuple[str, str]] = {}  # key -> (symbol to call, private functions' text)
 
     # -- names and params ---------------------------------------------------
     def _fresh(self) -> str:
@@ -439,6 +440,22 @@ class Builder:
         attrs = f"fft_type = #stablehlo<fft_type {fft_type}>, fft_length = {i64_array(lengths)}"
         return self.op1("stablehlo.fft", [x], shape, dtype, attrs)
 
+    # -- private functions (custom kernels, torchtpu.kernels) ----------------------
+    def add_functions(self, key: str, render: Callable[[str], tuple[str, str]]) -> str:
+        """Add private functions to the module once per ``key``; returns the symbol to call.
+
+        ``render(prefix)`` returns ``(symbol, text)``: the functions' text with every symbol
+        they define starting with ``prefix``, which is unique to this key in this module,
+        so two kernels (or one kernel's functions) never collide with each other or @main."""
+        entry = self._functions.get(key)
+        if entry is None:
+            entry = self._functions[key] = render(f"k{len(self._functions)}_")
+        return entry[0]
+
+    def call(self, callee: str, operands: Sequence[Value], results: Sequence[tuple[Sequence[int], torch.dtype]]) -> list[Value]:
+        """``func.call`` of a function added with :meth:`add_functions`."""
+        return self.op("func.call", operands, results, f"callee = @{callee}")
+
     # -- module ---------------------------------------------------------------
     def module(self, outputs: Sequence[Value], name: str = "main") -> str:
         params = ", ".join(
@@ -449,8 +466,47 @@ class Builder:
         body = "\n".join(self._lines)
         return (
             f"module @{name} {{\n  func.func public @main({params}) -> ({out_types}) {{\n{body}\n"
-            f'    "func.return"({rets}) : ({out_types}) -> ()\n  }}\n}}\n'
+            f'    "func.return"({rets}) : ({out_types}) -> ()\n  }}\n{self._function_text()}}}\n'
         )
+
+    def _function_text(self) -> str:
+        return "".join(text.rstrip("\n") + "\n" for _, text in self._functions.values())
+
+    # -- cross-replica collectives (replica mode: no channel handles) --------------------
+    @staticmethod
+    def _pairs(rows: Sequence[Sequence[int]]) -> str:
+        """``dense<[[0, 1], [2, 3]]> : tensor<2x2xi64>`` (replica groups, permute pairs)."""
+        width = len(rows[0]) if rows else 0
+        return f"dense<[{', '.join(i64_list(r) for r in rows)}]> : tensor<{len(rows)}x{width}xi64>"
+
+    def replica_id(self) -> Value:
+        return self.op1("stablehlo.replica_id", [], (), torch.uint32)
+
+    def all_reduce(self, x: Value, groups: Sequence[Sequence[int]], combine: Callable[[Value, Value], Value]) -> Value:
+        """``combine(a, b)`` merges two 0-d Values of ``x``'s dtype."""
+        region = self.region([((), x.dtype), ((), x.dtype)], lambda a, b: [combine(a, b)])
+        return self.op1("stablehlo.all_reduce", [x], x.shape, x.dtype, f"replica_groups = {self._pairs(groups)}", [region])
+
+    def all_gather(self, x: Value, dim: int, groups: Sequence[Sequence[int]]) -> Value:
+        shape = list(x.shape)
+        shape[dim] *= len(groups[0])
+        attrs = f"all_gather_dim = {dim} : i64, replica_groups = {self._pairs(groups)}"
+        return self.op1("stablehlo.all_gather", [x], shape, x.dtype, attrs)
+
+    def all_to_all(self, x: Value, split_dim: int, concat_dim: int, groups: Sequence[Sequence[int]]) -> Value:
+        n = len(groups[0])
+        shape = list(x.shape)
+        shape[split_dim] //= n
+        shape[concat_dim] *= n
+        attrs = (
+            f"split_dimension = {split_dim} : i64, concat_dimension = {concat_dim} : i64, split_count = {n} : i64, "
+            f"replica_groups = {self._pairs(groups)}"
+        )
+        return self.op1("stablehlo.all_to_all", [x], shape, x.dtype, attrs)
+
+    def collective_permute(self, x: Value, pairs: Sequence[tuple[int, int]]) -> Value:
+        """Replica ``src`` sends ``x`` to ``dst`` for each pair; a replica no pair targets gets zeros."""
+        return self.op1("stablehlo.collective_permute", [x], x.shape, x.dtype, f"source_target_pairs = {self._pairs(pairs)}")
 
 
 def _layout(dims: Sequence[int]) -> str:
