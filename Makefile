@@ -4,11 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchtpu-installed
 
-.PHONY: demo test test-all test-ops test-models test-examples bench lint clean
+.PHONY: demo test test-all test-ops test-models test-examples docs bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e ".[dev,hf]"
+	$(PY) -m pip install -q -e ".[dev,hf,jax,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -45,11 +45,16 @@ test-examples: $(STAMP)
 	$(PY) -m pytest tests/test_examples.py -q -p no:cacheprovider -n $(TEST_JOBS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
+# The user guide (docs/notebooks/, marimo): runs every notebook headless, each checking what it
+# shows against PyTorch on the CPU; writes build/docs/<name>.html, stops at the first failing one.
+docs: $(STAMP)
+	$(PY) docs/notebooks/export.py
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_eager.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check torchtpu tests benchmarks examples
+	$(PY) -m ruff check torchtpu tests benchmarks examples docs/notebooks
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
