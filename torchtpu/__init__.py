@@ -42,6 +42,12 @@ def _autoload() -> None:
         from .op_report import enable_from_env
 
         enable_from_env()  # TORCHTPU_OP_REPORT=1
+        from . import config
+
+        if config.flag("TORCHTPU_EXPLAIN"):
+            from .debug.explain import enable_from_env as explain_from_env
+
+            explain_from_env()
         _loaded = True
 
 
@@ -84,3 +90,16 @@ def platform() -> str:
 
 
 _autoload()
+
+
+_SUBMODULES = ("debug", "kernels", "library", "profiler")
+
+
+def __getattr__(name: str) -> Any:
+    """``torchtpu.debug``, ``.kernels``, ``.library`` and ``.profiler`` without importing them
+    first (imported on first use, so ``import torch`` does not pay for them)."""
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'torchtpu' has no attribute {name!r}")

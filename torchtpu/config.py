@@ -25,6 +25,12 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar("TORCHTPU_CUDA_PLUGIN_PATH", "", "Path to the CUDA PjRT plugin .so (default: the jax-cuda*-pjrt package)."),
         EnvVar("TORCHTPU_VERIFY_XLA_FLAGS", "1", "1: check XLA_FLAGS in a child process before the client reads them."),
         EnvVar("TORCHTPU_LOG_COMPILES", "0", "1: print one line per compiled program (op, shapes, milliseconds)."),
+        EnvVar(
+            "TORCHTPU_COLLECTIVES",
+            "",
+            "Transport of the 'tpu' process group: xla (collectives as XLA programs) or host (gloo on host copies). "
+            "Empty: host on the cpu platform, xla on tpu and cuda.",
+        ),
         EnvVar("TORCHTPU_DIST_CHECK", "1", "1: before each collective, check that all ranks called the same one with matching tensors."),
         EnvVar(
             "TORCHTPU_CACHE_DIR",
@@ -44,6 +50,11 @@ ENV_VARS: dict[str, EnvVar] = {
             "TORCHTPU_OP_REPORT",
             "0",
             "1: record how every op ran (lowered, decomposed, missing, host sync) and print the report at exit.",
+        ),
+        EnvVar(
+            "TORCHTPU_EXPLAIN",
+            "0",
+            "1: record why each program was compiled, every host sync and CPU fallback; print torchtpu.debug.explain()'s report at exit.",
         ),
     ]
 }

@@ -84,9 +84,20 @@ def _compiler(kind: str, bounds: SymbolBounds | None) -> Callable[[torch.fx.Grap
         _reject_collectives(gm)
         metrics.add("compiled_graphs")
         name = f"{kind}{next(_graph_ids)}"
-        return CompiledGraph(gm, name, dynamic=_has_symbols(example_inputs), bounds=bounds)
+        graph = CompiledGraph(gm, name, dynamic=_has_symbols(example_inputs), bounds=bounds)
+        graph.compile_id = _compile_id()
+        return graph
 
     return compile_graph
+
+
+def _compile_id() -> str | None:
+    """Dynamo's id of the frame compile under way ("0/1": frame 0, its second compile), which
+    names the reason for a recompile in torch._dynamo.utils.get_compilation_metrics()."""
+    from torch._guards import CompileContext
+
+    cid = CompileContext.current_compile_id()
+    return None if cid is None else str(cid)
 
 
 def _has_symbols(example_inputs: Sequence[Any]) -> bool:

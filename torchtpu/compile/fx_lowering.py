@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import config, metrics
+from .. import _spans, config, metrics
 from ..device.matmul_precision import current as current_precision
 from ..eager import checks
 from ..errors import TpuError
@@ -238,6 +238,7 @@ class CompiledGraph:
         self._lengths: list[Value] = []
         self.programs: dict[tuple, Program] = {}
         self._last_key: tuple | None = None
+        self.compile_id: str | None = None  # Dynamo's id of the frame compile that made this graph ("0/1")
         nodes = list(gm.graph.nodes)
         self.placeholders = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
         self.output_args = list(nodes[-1].args[0]) if nodes and nodes[-1].op == "output" else []
@@ -261,7 +262,10 @@ class CompiledGraph:
         prog = self.programs.get(key)
         if prog is None:
             self._explain_new(key)
-            prog = self.programs[key] = self._build(call)
+            prog = self._build(call)
+            if _spans.explain is not None:  # why a new program (this graph's other keys, or Dynamo's reason)
+                _spans.explain.compiled_program(self, key)
+            self.programs[key] = prog
         else:
             metrics.add("cache_hits")
         self._last_key = key

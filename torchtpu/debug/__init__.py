@@ -3,7 +3,9 @@
 - :func:`compare_with_cpu`: run a module on tpu and on a CPU copy and report the first
   submodule whose outputs (or gradients) differ (``compare.py``).
 - :func:`explain`: why programs were compiled, where the host waited for the device, and
-  which ops ran on the CPU (``explain.py``; ``TORCHTPU_EXPLAIN=1`` prints it at exit).
+  which ops ran on the CPU (``explain.py``; ``TORCHTPU_EXPLAIN=1`` prints it at exit;
+  ``explaining()`` records a block). The module is callable, so ``torchtpu.debug.explain()``
+  works whether or not the submodule was imported.
 
 Both are imported on first use, so ``import torchtpu`` does not pay for them.
 """
@@ -12,7 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-_LAZY = {"compare_with_cpu": "compare", "Comparison": "compare", "ModuleDiff": "compare", "explain": "_explain"}
+_LAZY = {
+    "compare_with_cpu": "compare",
+    "Comparison": "compare",
+    "ModuleDiff": "compare",
+    "explain": "explain",
+    "explaining": "explain",
+}
 
 
 def __getattr__(name: str) -> Any:

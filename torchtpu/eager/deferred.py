@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .. import metrics
+from .. import _spans, metrics
 from ..errors import TpuError
 from ..lowering.context import ProgramContext
 from ..lowering.strided import storage_param, storage_result
@@ -298,6 +298,13 @@ def _poison(g: Graph, error: BaseException) -> None:
 
 
 def _run(g: Graph, reason: str) -> None:
+    if _spans.PROFILER._is_profiler_enabled:
+        with _spans.span(f"torchtpu::flush ({reason})", reason=reason, ops=len(g.nodes)):
+            return _run_graph(g, reason)
+    return _run_graph(g, reason)
+
+
+def _run_graph(g: Graph, reason: str) -> None:
     live = []  # (slot, cell): written storages someone still holds
     for idx in g.written:
         cell = g.cells[idx]()
@@ -307,7 +314,10 @@ def _run(g: Graph, reason: str) -> None:
     gkey = (tuple(g.keys), tuple(g.kinds[i] for i in g.input_slots), tuple(i for i, _ in live), donated)
     compiled = _GRAPHS.get(gkey)
     if compiled is None:
-        compiled = _GRAPHS[gkey] = _compile(g, [i for i, _ in live], donated)
+        compiled = _compile(g, [i for i, _ in live], donated)
+        if _spans.explain is not None:  # why a new program: the first node that differs
+            _spans.explain.graph_program(g.nodes, gkey, _GRAPHS)
+        _GRAPHS[gkey] = compiled
     else:
         metrics.add("cache_hits")
     for i in donated:  # the cell gets the program's output; drop our last references

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .. import config, metrics, op_report
+from .. import _spans, config, metrics, op_report
 from ..device.matmul_precision import current as current_precision
 from ..errors import TpuError, TpuRuntimeError
 from ..lowering import registry
@@ -240,6 +240,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
             prog = _build(plan, values, call)
         except NotImplementedError:
             return _cpu_fallback_or_raise(op, args, kwargs)
+        if _spans.explain is not None:  # why a new program: compare with this op's other keys
+            _spans.explain.eager_program(plan, key, _CACHE)
         _CACHE[key] = prog
     else:
         metrics.add("cache_hits")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import warnings
+from contextlib import ExitStack
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
 
-from .. import metrics, op_report
+from .. import _spans, metrics, op_report
 
 _warned: set[str] = set()
 
@@ -23,10 +24,15 @@ def run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
             stacklevel=3,
         )
     metrics.add("cpu_fallbacks")
-    if op_report.recorder is None:
-        return _run_on_cpu(op, name, args, kwargs)
-    op_report.recorder.record(op_report.MISSING, name, "ran on the CPU")
-    with op_report.recorder.quiet():  # its host copies are part of the fallback
+    metrics.add(metrics.FALLBACK_PREFIX + name)
+    with ExitStack() as observed:  # its host copies are part of the fallback, not syncs of their own
+        if op_report.recorder is not None:
+            op_report.recorder.record(op_report.MISSING, name, "ran on the CPU")
+            observed.enter_context(op_report.recorder.quiet())
+        if _spans.explain is not None:
+            _spans.explain.cpu_fallback(name)
+            observed.enter_context(_spans.explain.quiet())
+        observed.enter_context(_spans.maybe_span(f"torchtpu::cpu_fallback ({name})", op=name))
         return _run_on_cpu(op, name, args, kwargs)
 
 

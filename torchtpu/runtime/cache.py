@@ -23,7 +23,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from .. import config, metrics
+from .. import _spans, config, metrics
 from . import pjrt
 
 _MAGIC = b"TTPUXEX1"
@@ -69,14 +69,18 @@ def compile_keyed(text: str, what: str) -> tuple[str, Any]:
     executable with :func:`get` each time, so that only this cache holds executables."""
     key = program_key(text)
     exe = get(key)
-    if exe is not None:
-        return key, exe
+    if exe is not None:  # another call compiled the same program text
+        metrics.add("memory_cache_hits")
+        if _spans.explain is not None:
+            _spans.explain.served(what, "memory")
+        with _spans.maybe_span("torchtpu::compile (memory)", program=what, tier="memory"):
+            return key, exe
     directory = cache_dir()
     exe = _load_or_compile(directory, key, text, what) if directory is not None else _compile_now(text, what)
     _memory[key] = exe
     limit = int(config.get("TORCHTPU_MAX_EXECUTABLES"))
     while len(_memory) > limit:
-        _memory.popitem(last=False)
+        pjrt.get().forget(_memory.popitem(last=False)[1])
         metrics.add("executables_evicted")
     return key, exe
 
@@ -98,12 +102,17 @@ def get(key: str) -> Any:
 
 def clear_memory() -> None:
     """Forget the in-memory layer (the disk layer stays): the next use reloads or recompiles."""
+    for exe in _memory.values():
+        pjrt.get().forget(exe)
     _memory.clear()
 
 
 def _compile_now(text: str, what: str) -> Any:
     t0 = time.perf_counter()
-    exe = pjrt.get().compile(text, what)
+    with _spans.maybe_span("torchtpu::compile (compiled)", program=what, tier="compiled"):
+        exe = pjrt.get().compile(text, what)
+    if _spans.explain is not None:
+        _spans.explain.served(what, "compiled")
     metrics.add("compiles")
     metrics.add("compile_seconds", time.perf_counter() - t0)
     if config.flag("TORCHTPU_LOG_COMPILES"):
@@ -113,12 +122,12 @@ def _compile_now(text: str, what: str) -> Any:
 
 def _load_or_compile(directory: Path, key: str, text: str, what: str) -> Any:
     path = directory / f"{key}.xex"
-    exe = _read(path)
+    exe = _read(path, what)
     if exe is not None:
         return exe
     lock = _try_lock(directory, key)
     if lock is None:  # another process is compiling it: wait for its entry
-        exe = _wait_for(path, directory / f"{key}.lock")
+        exe = _wait_for(path, directory / f"{key}.lock", what)
         if exe is not None:
             return exe
     try:
@@ -130,7 +139,7 @@ def _load_or_compile(directory: Path, key: str, text: str, what: str) -> Any:
     return exe
 
 
-def _read(path: Path) -> Any:
+def _read(path: Path, what: str = "program") -> Any:
     try:
         blob = path.read_bytes()
     except OSError:
@@ -141,10 +150,13 @@ def _read(path: Path) -> Any:
         metrics.add("disk_cache_corrupt")
         return None
     try:
-        exe = pjrt.get().deserialize(payload)
+        with _spans.maybe_span("torchtpu::compile (disk)", program=what, tier="disk"):
+            exe = pjrt.get().deserialize(payload, what)
     except Exception:  # noqa: BLE001 - a stale or foreign entry: recompile and overwrite it
         metrics.add("disk_cache_corrupt")
         return None
+    if _spans.explain is not None:
+        _spans.explain.served(what, "disk")
     metrics.add("disk_cache_hits")
     metrics.add("disk_load_seconds", time.perf_counter() - t0)
     return exe
@@ -216,14 +228,14 @@ def _unlock(lock: Path) -> None:
         lock.unlink(missing_ok=True)
 
 
-def _wait_for(path: Path, lock: Path) -> Any:
+def _wait_for(path: Path, lock: Path, what: str) -> Any:
     deadline = time.monotonic() + _LOCK_WAIT_S
     while time.monotonic() < deadline:
         if path.exists():
-            exe = _read(path)
+            exe = _read(path, what)
             if exe is not None:
                 return exe
         if not lock.exists() or _stale(lock):
-            return _read(path)
+            return _read(path, what)
         time.sleep(0.01)
     return None

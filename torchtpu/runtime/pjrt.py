@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 import threading
+import time
 import warnings
 from typing import Any
 
 import numpy as np
 
+from .. import _spans, metrics
 from ..errors import TpuPlatformError, TpuRuntimeError
 from . import platforms
+
+_PROFILER = _spans.PROFILER  # torch's fast "a profiler records" flag, tested per execution
 
 # XLA debug options every program is compiled with. XLA by default lets a fused program
 # skip the float32 -> bfloat16 -> float32 round trips between 16-bit ops ("excess
@@ -44,8 +49,41 @@ class _NoJax:
         return None
 
 
+class _JaxOnDemand:
+    """With jax installed, keeps jaxlib from importing it behind the user's back.
+
+    jaxlib's C++ imports ``jax._src.sharding_impls`` for every array it creates and
+    ``jax.core`` when it takes one apart: with jax installed, the first execution would
+    import all of jax (a second of start-up, and "training never imports jax" broken).
+    None entries for those two names make both lookups fail at once; when the user (or
+    ``torchtpu.kernels.jax``) imports jax itself, this finder removes them first, so jax
+    imports normally and jaxlib then finds it.
+    """
+
+    NAMES = ("jax._src.sharding_impls", "jax.core")
+
+    @classmethod
+    def find_spec(cls, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "jax":
+            for n in cls.NAMES:
+                if n in sys.modules and sys.modules[n] is None:
+                    del sys.modules[n]
+        return None  # the ordinary finders import it
+
+    @classmethod
+    def block(cls) -> None:
+        if "jax" not in sys.modules:
+            for n in cls.NAMES:
+                sys.modules.setdefault(n, None)
+
+
 def _install_no_jax_finder() -> None:
-    if importlib.util.find_spec("jax") is None and _NoJax not in sys.meta_path:
+    if importlib.util.find_spec("jax") is not None:
+        if _JaxOnDemand not in sys.meta_path:
+            sys.meta_path.insert(0, _JaxOnDemand)
+        _JaxOnDemand.block()
+        return
+    if _NoJax not in sys.meta_path:
         sys.meta_path.insert(0, _NoJax)
         # The per-array lookup is of this exact name: a None entry makes Python fail it
         # without walking the import machinery (7.9 us per execute instead of 20 us),
@@ -60,7 +98,10 @@ Executable = Any
 class Runtime:
     """One PjRT client and the one device this process drives (``tpu:0``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cluster: Any = None) -> None:
+        # cluster: a runtime/distributed.Cluster when this process is one node of a
+        # multi-process runtime (TORCHTPU_COLLECTIVES=xla); None when it runs alone.
+        self.cluster = cluster
         choice = platforms.choose()
         platforms.verify_xla_flags()
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -95,17 +136,21 @@ class Runtime:
         # LAPACK custom calls (linalg) exist only in XLA's CPU client
         self.has_lapack = self.platform == "cpu" and _register_lapack(xla_client)
         self._avals: dict[tuple, Any] = {}
+        # id(executable) -> program name, for profiler spans; every executable is made by
+        # compile or deserialize, which (re)write the entry, so a reused id is never stale
+        self._names: dict[int, str] = {}
 
     def _make_client(self, choice: platforms.PlatformChoice) -> Any:
         xc = self._xc
+        joined = self.cluster.client_kwargs(choice.name) if self.cluster is not None else {}
         if choice.name == "cpu":
-            return xc.make_cpu_client(asynchronous=True)
+            return xc.make_cpu_client(asynchronous=True, **joined)
         if not os.path.exists(choice.plugin_path or ""):
             raise TpuPlatformError(f"PjRT plugin for {choice.name} not found at {choice.plugin_path!r}")
         xc.load_pjrt_plugin_dynamically(choice.name, choice.plugin_path)
         if hasattr(xc, "initialize_pjrt_plugin"):
             xc.initialize_pjrt_plugin(choice.name)
-        return xc.make_c_api_client(choice.name)
+        return xc.make_c_api_client(choice.name, **joined)
 
     # -- description ----------------------------------------------------------
     def device_name(self) -> str:
@@ -137,23 +182,48 @@ class Runtime:
 
     # -- programs ----------------------------------------------------------------
     def compile(self, text: str, what: str) -> Executable:
+        """Compile StableHLO ``text``; its HLO module is named after ``what`` (every module
+        is written as ``@main``), which is how XLA's own profiler shows the program."""
         opts = self._xc.CompileOptions()
         opts.device_assignment = self._xc.DeviceAssignment.create(np.array([[self.device.id]]))
         opts.env_option_overrides = list(COMPILE_OVERRIDES.items())
+        name = program_name(what)
+        if text.startswith(_MAIN_MODULE):
+            text = f"module @{name} {text[len(_MAIN_MODULE) :]}"
         try:
-            return self.client.compile_and_load(text, self._device_list, opts)
+            exe = self.client.compile_and_load(text, self._device_list, opts)
         except Exception as e:  # noqa: BLE001 - JaxRuntimeError / ValueError from the MLIR parser
             raise TpuRuntimeError(
                 f"torchtpu: XLA could not compile the program for {what}: {str(e).strip()[:2000]}\n"
                 "This is a torchtpu bug; please report it with the op and shapes above."
             ) from e
+        self._names[id(exe)] = name
+        return exe
 
     def execute(self, exe: Executable, args: list[Buffer]) -> list[Buffer]:
         """Enqueue one execution; returns the output buffers at once (asynchronous)."""
+        if _PROFILER._is_profiler_enabled:
+            return self._execute_traced(exe, args)
         try:
             return exe.execute(args)
         except self._jax.JaxRuntimeError as e:
             raise TpuRuntimeError(f"torchtpu: running a device program failed: {e}") from e
+
+    def _execute_traced(self, exe: Executable, args: list[Buffer]) -> list[Buffer]:
+        """``execute`` under a profiler: a span for the enqueue and, with
+        ``torchtpu.profiler.device_timing(True)``, one for waiting on the results."""
+        name = self._names.get(id(exe), "program")
+        with _spans.span("torchtpu::execute", program=name):
+            try:
+                outs = exe.execute(args)
+            except self._jax.JaxRuntimeError as e:
+                raise TpuRuntimeError(f"torchtpu: running a device program failed: {e}") from e
+        if _spans.device_timing:
+            t0 = time.perf_counter()
+            with _spans.span("torchtpu::device_wait", program=name):
+                self.block(outs)
+            metrics.add("device_wait_seconds", time.perf_counter() - t0)
+        return outs
 
     def block(self, bufs: list[Buffer]) -> None:
         if bufs:
@@ -174,19 +244,38 @@ class Runtime:
     def serialize(self, exe: Executable) -> bytes:
         return self.client.serialize_executable(exe)
 
-    def deserialize(self, blob: bytes) -> Executable:
-        return self.client.deserialize_executable(blob, self._device_list, None)
+    def deserialize(self, blob: bytes, what: str = "program") -> Executable:
+        exe = self.client.deserialize_executable(blob, self._device_list, None)
+        self._names[id(exe)] = program_name(what)
+        return exe
+
+    def forget(self, exe: Executable) -> None:
+        """``exe`` is being dropped (the executable cache evicted it): forget its name."""
+        self._names.pop(id(exe), None)
 
     def compile_options_fingerprint(self) -> str:
         """What besides the program text decides the executable (part of disk-cache keys)."""
         overrides = ",".join(f"{k}={v}" for k, v in COMPILE_OVERRIDES.items())
-        return f"{self.device_name()}|replicas=1|{overrides}|XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}"
+        fp = f"{self.device_name()}|replicas=1|{overrides}|XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}"
+        # a serialized executable keeps its device: in a cluster each rank has its own
+        return fp if self.cluster is None else f"{fp}|device={self.device.id}"
 
     @property
     def jaxlib_version(self) -> str:
         import jaxlib
 
         return jaxlib.__version__
+
+
+_MAIN_MODULE = "module @main "
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_.]+")
+
+
+def program_name(what: str) -> str:
+    """A program's name from its description: "aten::mm.default [(2, 3), (3, 4)]" ->
+    "aten_mm.default", "fused graph of 12 ops" -> "fused_graph_of_12_ops"."""
+    head = what.split(" [", 1)[0]
+    return _NOT_NAME.sub("_", head).strip("_")[:80] or "program"
 
 
 class _Aval:
@@ -255,6 +344,17 @@ def get() -> Runtime:
 
 def started() -> bool:
     return _runtime is not None
+
+
+def start(cluster: Any) -> Runtime:
+    """Start the runtime as one node of a multi-process runtime (``runtime/distributed.py``
+    calls this at ``init_process_group`` with TORCHTPU_COLLECTIVES=xla)."""
+    global _runtime
+    with _lock:
+        if _runtime is not None:
+            raise TpuRuntimeError("torchtpu: the runtime was already started; it cannot join a cluster now")
+        _runtime = Runtime(cluster)
+    return _runtime
 
 
 class _ForkedRuntime:

@@ -32,12 +32,17 @@ def nonzero(x: torch.Tensor) -> torch.Tensor:
 
     _report_sync(aten.nonzero.default)
     with op_report.quiet():
-        return from_cpu(torch.nonzero(to_cpu(x)))
+        return from_cpu(torch.nonzero(to_cpu(x, cause=_data_dependent(aten.nonzero.default))))
 
 
 def _report_sync(op: Any) -> None:
     if op_report.recorder is not None:
         op_report.recorder.record(op_report.HOST_SYNC, f"{op.name()} (data-dependent shape)")
+
+
+def _data_dependent(op: Any) -> str:
+    """How a host sync for ``op`` is named (profiler spans, metrics, explain)."""
+    return f"{op.name()} (data-dependent shape)"
 
 
 def _is_mask(i: Any) -> bool:
@@ -107,7 +112,8 @@ def _on_host(op: Any) -> Any:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         from .minimal import from_cpu, to_cpu
 
-        host = lambda t: to_cpu(t) if isinstance(t, torch.Tensor) and t.device.type == "tpu" else t  # noqa: E731
+        cause = _data_dependent(op)
+        host = lambda t: to_cpu(t, cause=cause) if isinstance(t, torch.Tensor) and t.device.type == "tpu" else t  # noqa: E731
         _report_sync(op)
         with op_report.quiet():
             out = op(*tree_map(host, args), **tree_map(host, kwargs))

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import metrics, op_report
+from .. import _spans, metrics, op_report
 from ..eager import checks
 from ..lowering.strided import contiguous_strides, storage_extent, storage_param
 from ..runtime import pjrt
@@ -17,6 +17,7 @@ from ..stablehlo.types import numpy_dtype
 from .storage import _CPU_KEYSET, Cell, _set_storage, attach, cell_of, new_tensor
 
 aten = torch.ops.aten
+_PROFILER = _spans.PROFILER  # torch's fast "a profiler records" flag: one test per transfer or sync
 _META_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 
 
@@ -58,10 +59,18 @@ def from_cpu(t: torch.Tensor, keep_layout: bool = False) -> torch.Tensor:
     if order is not None:  # upload the elements in memory order; the view restores the sizes
         t = t.permute(order)
     arr = _host_array(t)  # the buffer keeps the (permuted) tensor's shape (see Cell)
-    buf = pjrt.get().put(arr)
+    buf = _put(arr)
     metrics.add("h2d_bytes", arr.nbytes)
     metrics.add("h2d_transfers")
     return new_tensor(Cell(arr.size, t.dtype, buf, arr.shape), sizes, strides, 0, t.dtype)
+
+
+def _put(arr: np.ndarray) -> Any:
+    """Copy ``arr`` to the device (in a ``torchtpu::h2d`` span while a profiler records)."""
+    if _PROFILER._is_profiler_enabled:
+        with _spans.span("torchtpu::h2d", bytes=arr.nbytes):
+            return pjrt.get().put(arr)
+    return pjrt.get().put(arr)
 
 
 def _memory_order(t: torch.Tensor) -> list[int] | None:
@@ -74,17 +83,52 @@ def _memory_order(t: torch.Tensor) -> list[int] | None:
     return sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
 
 
-def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
+# what made the host wait, by ``to_cpu``'s reason (profiler spans, metrics, explain)
+SYNC_CAUSES = {"item": ".item()", "to_cpu": ".cpu() / print", "pickle": "torch.save / pickle"}
+
+
+def to_cpu(t: torch.Tensor, reason: str = "to_cpu", cause: str | None = None) -> torch.Tensor:
     """A CPU copy of tpu tensor ``t`` with the same sizes (contiguous). This is a point
-    where the user waits: pending deferred work runs and asynchronous errors surface."""
+    where the user waits: pending deferred work runs and asynchronous errors surface.
+    ``cause`` names the sync when ``reason`` does not say it (a data-dependent op)."""
     if op_report.recorder is not None:
         op_report.recorder.host_sync(reason)
+    cause = cause or SYNC_CAUSES.get(reason, reason)
+    metrics.add("host_syncs")
+    metrics.add(metrics.SYNC_PREFIX + cause)
+    if _spans.explain is not None:
+        _spans.explain.host_sync(cause)
+    if _PROFILER._is_profiler_enabled:
+        with _spans.span(f"torchtpu::host_sync ({cause})", cause=cause):
+            return _to_cpu(t, reason)
+    return _to_cpu(t, reason)
+
+
+def _to_cpu(t: torch.Tensor, reason: str) -> torch.Tensor:
     cell = cell_of(t)
-    sizes, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
     if cell.lazy is not None:
         from ..eager import deferred
 
         deferred.flush(reason)
+    if _PROFILER._is_profiler_enabled:
+        with _spans.span("torchtpu::d2h", bytes=t.numel() * t.element_size()):
+            arr = _host_values(t, cell)
+    else:
+        arr = _host_values(t, cell)
+    if t.is_conj():  # the lazy conjugate bit (x.conj()): the values are conj(storage)
+        np.conjugate(arr, out=arr)
+    if t.is_neg():
+        np.negative(arr, out=arr)
+    metrics.add("d2h_bytes", arr.nbytes)
+    metrics.add("d2h_transfers")
+    if t.dtype is torch.bfloat16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def _host_values(t: torch.Tensor, cell: Cell) -> np.ndarray:
+    """Wait for ``t``'s storage and copy its elements (by ``t``'s geometry) to a new array."""
+    sizes, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
     buf = cell.buf
     if buf is None:
         flat = np.zeros(cell.numel, numpy_dtype(cell.dtype))
@@ -95,16 +139,7 @@ def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
         flat = _reinterpret(flat, t.dtype)
     item = flat.itemsize
     view = np.lib.stride_tricks.as_strided(flat[offset:], sizes, [s * item for s in strides], writeable=False)
-    arr = np.array(view, copy=True)
-    if t.is_conj():  # the lazy conjugate bit (x.conj()): the values are conj(storage)
-        np.conjugate(arr, out=arr)
-    if t.is_neg():
-        np.negative(arr, out=arr)
-    metrics.add("d2h_bytes", arr.nbytes)
-    metrics.add("d2h_transfers")
-    if t.dtype is torch.bfloat16:
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(arr)
+    return np.array(view, copy=True)
 
 
 def _reinterpret(flat: np.ndarray, dtype: torch.dtype) -> np.ndarray:
@@ -194,7 +229,7 @@ def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
         if src.shape == dst.shape and _covers_storage(dst):
             cell = cell_of(dst)
             arr = _host_array(src).reshape(cell.shape)
-            cell.set(pjrt.get().put(arr))
+            cell.set(_put(arr))
             metrics.add("h2d_bytes", arr.nbytes)
             metrics.add("h2d_transfers")
             return dst
@@ -344,8 +379,9 @@ def _adopt_dtype(x: torch.Tensor) -> None:
         storage._cell = Cell(numel, dtype, shape=shape)
         return
     # through the host, not a device program: a checkpoint has many sizes, each would compile
-    flat = _reinterpret(pjrt.get().to_numpy(cell.buf).reshape(-1), dtype)
-    storage._cell = Cell(numel, dtype, pjrt.get().put(flat.reshape(shape)), shape)
+    with _spans.maybe_span("torchtpu::d2h", bytes=cell.nbytes):
+        flat = _reinterpret(pjrt.get().to_numpy(cell.buf).reshape(-1), dtype)
+    storage._cell = Cell(numel, dtype, _put(flat.reshape(shape)), shape)
     metrics.add("d2h_bytes", flat.nbytes)
     metrics.add("h2d_bytes", flat.nbytes)
 
