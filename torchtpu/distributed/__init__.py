@@ -19,10 +19,13 @@ BACKEND = "tpu"
 __all__ = ["BACKEND", "register_backend"]
 
 
-def _create(store: Any, rank: int, size: int, timeout: Any) -> Any:
+def _create(opts: Any, backend_options: Any = None) -> Any:
+    """c10d's extended creator API: it also says which global ranks form the group (the
+    xla transport compiles over their devices); empty for the default group."""
     from .process_group import TpuProcessGroup
 
-    return TpuProcessGroup(store, rank, size, timeout)
+    ranks = list(opts.global_ranks_in_group) or None
+    return TpuProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks)
 
 
 def register_backend() -> None:
@@ -31,4 +34,4 @@ def register_backend() -> None:
 
     if not dist.is_available() or BACKEND.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND, _create, devices=["tpu"])
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["tpu"])

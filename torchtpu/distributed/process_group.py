@@ -7,8 +7,9 @@ CPU tensors go straight to gloo). Each collective:
 
 1. optionally checks that every rank called the same collective with matching tensors
    (``TORCHTPU_DIST_CHECK``), so a mismatch is an error naming both, not a hang;
-2. runs on the platform's transport (``gloo_host`` on the cpu platform; an XLA-program
-   transport is the plan for tpu/cuda, see docs/distributed.md);
+2. runs on the transport ``TORCHTPU_COLLECTIVES`` picks: ``xla_transport`` (XLA programs
+   with StableHLO collectives; the default on tpu/cuda) or ``gloo_host`` (gloo on host
+   views; the default on the cpu platform), see docs/distributed.md;
 3. turns transport failures (timeouts, dead peers) into ``DistributedError`` that name
    the collective, the group and the timeout.
 
@@ -29,7 +30,7 @@ from torch.futures import Future
 
 from .. import config, metrics
 from ..errors import TpuError
-from ..runtime import pjrt
+from ..runtime import pjrt, platforms
 from . import _fsdp, _streams
 from .gloo_host import GlooHostTransport
 
@@ -71,27 +72,50 @@ def _op_name(opts: Any) -> str:
     return _OP_NAMES.get(op, str(op))
 
 
-def make_transport(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
-    """The transport for this platform. Only the host (gloo) transport exists today;
-    every platform uses it (on tpu/cuda through a device-to-host copy)."""
+def transport_kind() -> str:
+    """``TORCHTPU_COLLECTIVES``: ``xla`` or ``host``; empty picks by platform (host on cpu,
+    where gloo on host views beats in-program collectives; xla on tpu/cuda, whose
+    interconnect only XLA programs reach)."""
+    kind = config.get("TORCHTPU_COLLECTIVES").strip().lower()
+    if kind in ("xla", "host"):
+        return kind
+    if kind:
+        raise ValueError(f"TORCHTPU_COLLECTIVES={kind!r}: expected 'xla', 'host' or empty (the platform's default)")
+    return "host" if platforms.choose().name == "cpu" else "xla"
+
+
+def make_transport(
+    store: Any, rank: int, size: int, timeout: timedelta, global_ranks: Sequence[int] | None = None, kind: str | None = None
+) -> Any:
+    """The transport for one group: collectives as XLA programs (``xla_transport``) or gloo
+    on host views (``gloo_host``), per ``transport_kind()``."""
+    if (kind or transport_kind()) == "xla":
+        from .xla_transport import XlaTransport
+
+        return XlaTransport(store, rank, size, timeout, global_ranks if global_ranks is not None else range(size))
     return GlooHostTransport(store, rank, size, timeout)
 
 
 class TpuProcessGroup(dist.ProcessGroup):
     """c10d backend "tpu": collectives on tpu tensors (and CPU tensors) for one group."""
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta, global_ranks: Sequence[int] | None = None) -> None:
         super().__init__(rank, size)
         self._rank, self._size, self._timeout = rank, size, timeout
         self._group_name = ""
         self._group_desc = ""
+        kind = transport_kind()
         # Start the device now: DeviceMesh otherwise calls torch.tpu.set_device(LOCAL_RANK),
-        # and every process drives exactly one device, tpu:0.
-        pjrt.get()
+        # and every process drives exactly one device, tpu:0. The xla transport starts it
+        # itself, as a member of the distributed runtime.
+        if kind == "host":
+            pjrt.get()
         _streams.install()  # FSDP2 asks torch.tpu for streams and events
         _fsdp.install()  # and frees parameter storage by resizing it
         try:
-            self._t = make_transport(store, rank, size, timeout)
+            self._t = make_transport(store, rank, size, timeout, global_ranks, kind)
+        except TpuError:
+            raise
         except RuntimeError as e:
             raise DistributedError(
                 f"torchtpu.distributed: rank {rank} of {size} could not connect to its peers within "

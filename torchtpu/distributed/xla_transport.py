@@ -1,0 +1,374 @@
+"""The XLA transport: every collective runs as a small XLA program on the device.
+
+On a TPU (and the CUDA plugin) the interconnect is only reachable from inside XLA
+programs, so a collective is a cached program with the matching StableHLO collective
+over the group's replica groups (``xla_programs.py``); the PjRT clients of all processes
+form one distributed runtime, joined when the first "tpu" group is created
+(``runtime/distributed.py``). On the cpu platform the same programs run over XLA's gloo
+TCP collectives (``TORCHTPU_COLLECTIVES=xla``).
+
+The transport also keeps a gloo group (the host transport) for what is not a device
+collective: the process group's cross-rank check, CPU tensors given to the group
+(``"cpu:gloo,tpu:tpu"``), ``monitored_barrier`` and the split sizes of an uneven all_to_all.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import TpuRuntimeError
+from ..runtime import distributed as rdist
+from ..stablehlo.types import numpy_dtype
+from ..tensor.storage import Cell, cell_of, new_tensor
+from . import xla_programs as P
+from ._host import is_tpu
+from .gloo_host import GlooHostTransport
+
+ReduceOp = dist.ReduceOp
+Shape = tuple[int, ...]
+_OPS = {
+    ReduceOp.SUM: "sum",
+    ReduceOp.AVG: "avg",
+    ReduceOp.PRODUCT: "product",
+    ReduceOp.MIN: "min",
+    ReduceOp.MAX: "max",
+    ReduceOp.BAND: "band",
+    ReduceOp.BOR: "bor",
+    ReduceOp.BXOR: "bxor",
+}
+_programs: dict[tuple, Any] = {}  # (collective, geometry, global ranks) -> executable
+
+
+def _op(opts: Any) -> str:
+    op = getattr(opts.reduceOp, "op", opts.reduceOp)
+    if op == ReduceOp.PREMUL_SUM:
+        raise NotImplementedError(
+            "torchtpu.distributed: ReduceOp.PREMUL_SUM is not supported; scale the tensor and use ReduceOp.SUM"
+        )
+    return _OPS[op]
+
+
+# -- tensors <-> device buffers --------------------------------------------------------------
+def _covers(t: torch.Tensor) -> bool:
+    """Whether ``t`` is exactly its storage's buffer (then the buffer is used directly)."""
+    cell = cell_of(t)
+    return (
+        t.is_contiguous()
+        and t.storage_offset() == 0
+        and t.numel() == cell.numel
+        and t.dtype == cell.dtype
+        and not t.is_conj()
+        and not t.is_neg()
+    )
+
+
+def _arg(t: torch.Tensor) -> tuple[Any, Shape]:
+    """The device buffer holding ``t``'s value, and its shape (a copy for a view)."""
+    t = t.detach()
+    if not _covers(t):
+        t = t.resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
+    cell = cell_of(t)
+    buf = cell.buf  # runs pending DeferAndFuse work that produces it
+    if buf is None:  # never written: reads as zeros
+        buf = rdist.zeros(cell.shape, numpy_dtype(cell.dtype))
+    return buf, cell.shape
+
+
+def _out_shape(t: torch.Tensor) -> Shape:
+    """The shape a program should give the result that goes into ``t``."""
+    return cell_of(t).shape if _covers(t) else tuple(t.shape)
+
+
+def _store(t: torch.Tensor, buf: Any, shape: Shape) -> None:
+    """Put a program's result into ``t``: swap its storage's buffer when ``t`` is the whole
+    storage (every alias sees it), else copy into the view."""
+    if _covers(t) and cell_of(t).shape == shape:
+        cell_of(t).set(buf)
+        return
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    tmp = new_tensor(Cell(t.numel(), t.dtype, buf, shape), shape, strides, 0, t.dtype)
+    with torch.no_grad():
+        t.copy_(tmp.view(t.shape))
+
+
+def _flush() -> None:
+    """Pending DeferAndFuse work runs before a collective (its buffers are read directly)."""
+    from ..eager import deferred
+
+    deferred.flush("collective")
+
+
+class XlaTransport:
+    """Collectives for one group as XLA programs over the group's devices."""
+
+    name = "xla"
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta, global_ranks: Sequence[int]) -> None:
+        self.rank, self.size, self.timeout = rank, size, timeout
+        self.ranks = tuple(global_ranks)
+        # Created first: its rendezvous proves every rank is there (or fails with the group's timeout).
+        self.host = GlooHostTransport(store, rank, size, timeout)
+        world = dist.get_world_size() if dist.is_initialized() else size
+        if world > 1 and rdist.cluster() is None:
+            if size != world:
+                raise TpuRuntimeError(
+                    "TORCHTPU_COLLECTIVES=xla: the first 'tpu' group must span every process (it starts the XLA "
+                    f"distributed runtime); this group has {size} of {world} ranks. Use the tpu backend for the "
+                    "default group: init_process_group('tpu')."
+                )
+            rdist.join(store, rank, size, timeout.total_seconds(), _store_host(store))
+
+    @property
+    def gloo(self) -> Any:
+        return self.host.gloo
+
+    # -- the common path -------------------------------------------------------------------
+    def _run(self, key: tuple, build: Callable[[], str], args: Sequence[Any], what: str) -> list[Any]:
+        key = (*key, self.ranks)
+        exe = _programs.get(key)
+        if exe is None:
+            exe = _programs[key] = rdist.compile_for_group(build(), self.ranks, what)
+        return rdist.run_for_group(exe, args)
+
+    def _on_host(self, *groups: Sequence[torch.Tensor]) -> bool:
+        """CPU tensors go to the host transport (``"cpu:gloo,tpu:tpu"``)."""
+        return any(not is_tpu(t) for g in groups for t in g)
+
+    def _reduce(self, tensors: list[torch.Tensor], op: str, write: bool = True) -> None:
+        """One program all-reduces every tensor of one dtype (coalesced)."""
+        _flush()
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            P.check_reduce(op, t.dtype)
+            by_dtype.setdefault(t.dtype, []).append(t)
+        for dtype, group in by_dtype.items():
+            args = [_arg(t) for t in group]
+            shapes = tuple(s for _, s in args)
+            outs = self._run(
+                ("all_reduce", shapes, dtype, op),
+                lambda shapes=shapes, dtype=dtype: P.all_reduce(shapes, dtype, op, self.size),
+                [a for a, _ in args],
+                "all_reduce",
+            )
+            if write:
+                for t, buf, s in zip(group, outs, shapes):
+                    _store(t, buf, s)
+
+    # -- reductions ---------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> None:
+        if self._on_host(tensors):
+            return self.host.allreduce(tensors, opts)
+        for t in tensors:  # several tensors of the list are separate collectives, as in c10d
+            self._reduce([t], _op(opts))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> None:
+        if self._on_host(tensors):
+            return self.host.allreduce_coalesced(tensors, opts)
+        self._reduce(tensors, _op(opts))
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> None:
+        if self._on_host(tensors):
+            return self.host.reduce(tensors, opts)
+        for t in tensors:
+            self._reduce([t], _op(opts), write=self.rank == opts.rootRank)
+
+    def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> None:
+        if self._on_host([output, input]):
+            return self.host.reduce_scatter_tensor(output, input, opts)
+        self._reduce_scatter(output, [input], _op(opts))
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any) -> None:
+        if self._on_host(outputs, *input_lists):
+            return self.host.reduce_scatter(outputs, input_lists, opts)
+        for out, ins in zip(outputs, input_lists):
+            self._reduce_scatter(out, ins, _op(opts))
+
+    def _reduce_scatter(self, output: torch.Tensor, inputs: list[torch.Tensor], op: str) -> None:
+        _flush()
+        P.check_reduce(op, output.dtype)
+        args = [_arg(t) for t in inputs]
+        shapes, out = tuple(s for _, s in args), _out_shape(output)
+        dtype = output.dtype
+        (buf,) = self._run(
+            ("reduce_scatter", shapes, dtype, op, out),
+            lambda: P.reduce_scatter(shapes, dtype, op, self.size, out),
+            [a for a, _ in args],
+            "reduce_scatter",
+        )
+        _store(output, buf, out)
+
+    # -- data movement ------------------------------------------------------------------------
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> None:
+        if self._on_host(tensors):
+            return self.host.broadcast(tensors, opts)
+        _flush()
+        root = opts.rootRank
+        for t in tensors:
+            buf, shape = _arg(t)
+            (out,) = self._run(
+                ("broadcast", shape, t.dtype, root),
+                lambda shape=shape, dtype=t.dtype: P.broadcast([shape], dtype, root, self.size),
+                [buf],
+                "broadcast",
+            )
+            if self.rank != root:
+                _store(t, out, shape)
+
+    def _gather_into(self, outputs: list[torch.Tensor], input: torch.Tensor, what: str, keep: bool = True) -> None:
+        _flush()
+        buf, shape = _arg(input)
+        dtype = input.dtype
+        outs = tuple(_out_shape(o) for o in outputs) if keep else (tuple(input.shape),) * self.size
+        results = self._run(("all_gather", shape, dtype, outs), lambda: P.all_gather(shape, dtype, self.size, outs), [buf], what)
+        if keep:
+            for o, r, s in zip(outputs, results, outs):
+                _store(o, r, s)
+
+    def allgather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> None:
+        if self._on_host([output, input]):
+            return self.host.allgather_into_tensor(output, input, opts)
+        self._gather_into([output], input, "all_gather_into_tensor")
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> None:
+        if self._on_host(inputs, *output_lists):
+            return self.host.allgather(output_lists, inputs, opts)
+        for outs, inp in zip(output_lists, inputs):
+            self._gather_into(outs, inp, "all_gather")
+
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> None:
+        if self._on_host(inputs, *output_lists):
+            return self.host.gather(output_lists, inputs, opts)
+        root = opts.rootRank
+        for i, inp in enumerate(inputs):  # the same program on every rank; only the root keeps the result
+            self._gather_into(output_lists[i] if self.rank == root else [], inp, "gather", keep=self.rank == root)
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any) -> None:
+        if self._on_host(outputs, *input_lists):
+            return self.host.scatter(outputs, input_lists, opts)
+        _flush()
+        root = opts.rootRank
+        for i, out in enumerate(outputs):
+            n, dtype, oshape = out.numel(), out.dtype, _out_shape(out)
+            if self.rank == root:
+                flat = torch.cat([t.reshape(-1) for t in input_lists[i]])
+                buf, shape = _arg(flat)
+            else:
+                shape = (self.size * n,)
+                buf = rdist.zeros(shape, numpy_dtype(dtype))
+            (res,) = self._run(
+                ("scatter", shape, dtype, root, oshape),
+                lambda shape=shape, dtype=dtype, oshape=oshape: P.scatter(shape, dtype, root, self.size, oshape),
+                [buf],
+                "scatter",
+            )
+            _store(out, res, oshape)
+
+    def alltoall_base(
+        self, output: torch.Tensor, input: torch.Tensor, out_splits: list[int], in_splits: list[int], opts: Any
+    ) -> None:
+        if self._on_host([output, input]):
+            return self.host.alltoall_base(output, input, out_splits, in_splits, opts)
+        if not in_splits and not out_splits:  # even by definition on every rank: no size exchange
+            n = input.numel() // self.size
+            return self._exchange([output], [input], [n] * self.size, [n] * self.size, "all_to_all_single", even=True)
+        row = math.prod(input.shape[1:])
+        ins, outs = [s * row for s in in_splits], [s * row for s in out_splits]
+        self._exchange([output], [input], ins, outs, "all_to_all_single")
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> None:
+        if self._on_host(outputs, inputs):
+            return self.host.alltoall(outputs, inputs, opts)
+        self._exchange(outputs, inputs, [t.numel() for t in inputs], [t.numel() for t in outputs], "all_to_all")
+
+    def _exchange(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        ins: list[int],
+        outs: list[int],
+        what: str,
+        even: bool = False,
+    ) -> None:
+        _flush()
+        # every rank must run the same padded size: the largest split anywhere in the group
+        width = ins[0] if even else self._group_max(max(ins + outs))
+        if width == 0:
+            return
+        args = [_arg(t) for t in inputs]
+        shapes, oshapes = tuple(s for _, s in args), tuple(_out_shape(o) for o in outputs)
+        dtype = inputs[0].dtype
+        key = ("all_to_all", shapes, dtype, tuple(ins), tuple(outs), width, oshapes)
+        res = self._run(
+            key, lambda: P.all_to_all(shapes, dtype, self.size, ins, outs, width, oshapes), [a for a, _ in args], what
+        )
+        for o, r, s in zip(outputs, res, oshapes):
+            _store(o, r, s)
+
+    def _group_max(self, value: int) -> int:
+        """The largest ``value`` over the group (a small host exchange: split sizes are metadata)."""
+        return int(self.host.allgather_small(torch.tensor([value], dtype=torch.int64)).max())
+
+    def barrier(self, opts: Any) -> None:
+        token = torch.zeros(1, dtype=torch.int32, device="tpu")
+        self._reduce([token], "sum", write=False)
+
+    # -- point to point -----------------------------------------------------------------------
+    def _pair(self, t: torch.Tensor, src: int, dst: int, sending: bool) -> None:
+        _flush()
+        buf, shape = _arg(t)
+        pair = (self.ranks[src], self.ranks[dst])
+        key = ("send_recv", shape, t.dtype, pair)
+        exe = _programs.get(key)
+        if exe is None:
+            exe = _programs[key] = rdist.compile_for_group(P.send_recv(shape, t.dtype), pair, "send/recv")
+        (out,) = rdist.run_for_group(exe, [buf])
+        if not sending:
+            _store(t, out, shape)
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> None:
+        if self._on_host(tensors):
+            return self.host.send(tensors, dst, tag)
+        for t in tensors:
+            self._pair(t, self.rank, dst, sending=True)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> int:
+        if self._on_host(tensors):
+            return self.host.recv(tensors, src, tag)
+        for t in tensors:
+            self._pair(t, src, self.rank, sending=False)
+        return src
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> int:
+        if self._on_host(tensors):
+            return self.host.recv_anysource(tensors, tag)
+        raise NotImplementedError(
+            "torchtpu.distributed: recv without src is not supported by the xla transport (a device program needs "
+            "both ends); pass src=, or set TORCHTPU_COLLECTIVES=host"
+        )
+
+    # -- the process group's own checks, lifetime -------------------------------------------------
+    def allgather_small(self, value: torch.Tensor) -> torch.Tensor:
+        return self.host.allgather_small(value)
+
+    def shutdown(self) -> None:
+        self.host.shutdown()
+
+    def abort(self) -> None:
+        self.host.abort()
+
+
+def _store_host(store: Any) -> str:
+    """The host of the rendezvous store (the address every rank reaches)."""
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    host = getattr(store, "host", "") or os.environ.get("MASTER_ADDR", "") or "127.0.0.1"
+    return "127.0.0.1" if host in ("localhost", "0.0.0.0", "") else host
