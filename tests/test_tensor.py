@@ -42,6 +42,38 @@ def test_print_and_repr():
     assert "tpu" in str(torch.zeros(0, device="tpu"))
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.arange(2000.0),  # summarized
+        lambda: torch.randn(3, 4, dtype=torch.float64) * 1e6,  # scientific notation
+        lambda: torch.tensor([1.0, 2.5], dtype=torch.bfloat16),
+        lambda: torch.tensor([[True, False]]),
+        lambda: torch.tensor(7),
+        lambda: torch.randn(4, requires_grad=True) * 2,  # grad_fn
+    ],
+    ids=["summarized", "scientific", "bfloat16", "bool", "0-d", "grad_fn"],
+)
+def test_printing_formats_like_the_cpu_from_one_host_copy(make):
+    """The same text as the CPU tensor's (plus the device), read with one host sync: the
+    formatting ops (summaries, abs, masked_select, .item() per number) run on the copy."""
+    torch.manual_seed(0)
+    cpu = make()
+    t = cpu.detach().to("tpu").requires_grad_(cpu.requires_grad)
+    if cpu.grad_fn is not None:
+        t = t * 1  # a tpu grad_fn of its own
+        cpu = cpu * 1
+    before = torchtpu.metrics.snapshot()["host_syncs"]
+    text = repr(t)
+    assert torchtpu.metrics.snapshot()["host_syncs"] - before == 1
+    assert "device='tpu:0'" in text
+
+    def squeezed(r: str) -> str:  # the device suffix moves line breaks: compare without whitespace
+        return "".join(r.split()).replace("device='tpu:0'", "").replace(",,", ",").replace(",)", ")")
+
+    assert squeezed(text) == squeezed(repr(cpu))
+
+
 def test_torch_tensor_and_factories():
     t = torch.tensor([1, 2, 3], device="tpu")
     assert t.dtype == torch.int64 and t.cpu().tolist() == [1, 2, 3]

@@ -69,6 +69,27 @@ def _patch_accelerator_synchronize() -> None:
     torch.accelerator.synchronize = synchronize
 
 
+def _patch_tensor_printing() -> None:
+    """Print a tpu tensor from one host copy, as PyTorch does for xla/lazy/ipu/mtia tensors:
+    formatting runs a dozen small ops (summaries, abs, a masked_select, .item() per number
+    format), each a program to compile and a host sync on the device (print(t) made 8 syncs).
+    Only the contents move: the caller still prints device='tpu:0' and the tensor's own grad_fn."""
+    import torch._tensor_str as tensor_str
+
+    original = tensor_str._tensor_str
+    if getattr(original, "_torchtpu", False):
+        return
+
+    def _tensor_str(self: torch.Tensor, indent: int) -> str:
+        if self.device.type == "tpu":
+            with torch.no_grad():
+                self = self.to("cpu")
+        return original(self, indent)
+
+    _tensor_str._torchtpu = True  # type: ignore[attr-defined]
+    tensor_str._tensor_str = _tensor_str
+
+
 def _patch_storage_clone() -> None:
     """``UntypedStorage.clone`` (used by ``copy.deepcopy`` of tensors and modules) builds
     ``UntypedStorage(n, device="tpu")``, which needs a C++ allocator the tpu device does
@@ -156,6 +177,7 @@ def register_device() -> None:
     _setup_privateuseone_for_python_backend("tpu", backend_module=device.make_module(), hook=_Hooks(), device_guard=_Guard())
     torch.serialization.register_package(5, _ser_tag, _ser_restore)
     _patch_accelerator_synchronize()
+    _patch_tensor_printing()
     _patch_storage_clone()
     _patch_storage_pickle()
     _patch_storage_constructor()
