@@ -26,6 +26,7 @@ import torch.distributed as dist
 from ..errors import TpuRuntimeError
 from ..runtime import distributed as rdist
 from ..stablehlo.types import numpy_dtype
+from ..tensor.minimal import covers_storage
 from ..tensor.storage import Cell, cell_of, new_tensor
 from . import xla_programs as P
 from ._host import is_tpu
@@ -56,23 +57,12 @@ def _op(opts: Any) -> str:
 
 
 # -- tensors <-> device buffers --------------------------------------------------------------
-def _covers(t: torch.Tensor) -> bool:
-    """Whether ``t`` is exactly its storage's buffer (then the buffer is used directly)."""
-    cell = cell_of(t)
-    return (
-        t.is_contiguous()
-        and t.storage_offset() == 0
-        and t.numel() == cell.numel
-        and t.dtype == cell.dtype
-        and not t.is_conj()
-        and not t.is_neg()
-    )
 
 
 def _arg(t: torch.Tensor) -> tuple[Any, Shape]:
     """The device buffer holding ``t``'s value, and its shape (a copy for a view)."""
     t = t.detach()
-    if not _covers(t):
+    if not covers_storage(t):
         t = t.resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
     cell = cell_of(t)
     buf = cell.buf  # runs pending DeferAndFuse work that produces it
@@ -83,13 +73,13 @@ def _arg(t: torch.Tensor) -> tuple[Any, Shape]:
 
 def _out_shape(t: torch.Tensor) -> Shape:
     """The shape a program should give the result that goes into ``t``."""
-    return cell_of(t).shape if _covers(t) else tuple(t.shape)
+    return cell_of(t).shape if covers_storage(t) else tuple(t.shape)
 
 
 def _store(t: torch.Tensor, buf: Any, shape: Shape) -> None:
     """Put a program's result into ``t``: swap its storage's buffer when ``t`` is the whole
     storage (every alias sees it), else copy into the view."""
-    if _covers(t) and cell_of(t).shape == shape:
+    if covers_storage(t) and cell_of(t).shape == shape:
         cell_of(t).set(buf)
         return
     strides = [1] * len(shape)

@@ -149,7 +149,9 @@ def _reinterpret(flat: np.ndarray, dtype: torch.dtype) -> np.ndarray:
     return raw[: raw.size - raw.size % dtype.itemsize].view(numpy_dtype(dtype))
 
 
-def _covers_storage(t: torch.Tensor) -> bool:
+def covers_storage(t: torch.Tensor) -> bool:
+    """Whether ``t`` is exactly its storage's buffer: every element, in order, same dtype,
+    no conj/neg bit (then the buffer itself can stand for the tensor)."""
     cell = cell_of(t)
     return (
         t.is_contiguous()
@@ -226,7 +228,7 @@ def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
     if src.device.type != "tpu":  # host -> device
         if src.dtype != dst.dtype:
             src = src.to(dst.dtype)
-        if src.shape == dst.shape and _covers_storage(dst):
+        if src.shape == dst.shape and covers_storage(dst):
             cell = cell_of(dst)
             arr = _host_array(src).reshape(cell.shape)
             cell.set(_put(arr))
