@@ -254,3 +254,14 @@ def test_trace_writes_xla_device_trace(tmp_path):
     assert all(e.plane == "/host:CPU" for e in ours)
     assert any("Execute" in e.name for e in events if e.plane.startswith("/host:CPU"))
     assert "torchtpu::execute" in {e.key for e in t.profile.key_averages()}
+
+
+def test_trace_waits_for_the_programs_the_block_enqueued(tmp_path):
+    """A program still running when the block ends (nothing read its result) is in XLA's
+    trace: trace() waits for the device before it stops the session."""
+    a = torch.randn(512, 512).to(TPU)
+    (a @ a).cpu()  # compiled and warm
+    with torchtpu.profiler.trace(tmp_path) as t:
+        b = a @ a  # enqueued, never read inside the block
+    assert "aten_mm" in {e.stats.get("hlo_module") for e in read_xspace(t.xplane)}
+    assert b.shape == (512, 512)

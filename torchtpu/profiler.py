@@ -59,6 +59,15 @@ class Trace:
     xplane: Path  # <host>.xplane.pb
 
 
+def _finish_device_work() -> None:
+    """Wait for every program the block enqueued: the device trace ends when the block
+    does, and programs still running then (a backward after the last ``.item()``) would be
+    missing from it."""
+    import torch
+
+    torch.tpu.synchronize()  # runs DeferAndFuse's pending graph too
+
+
 @contextmanager
 def trace(logdir: str | os.PathLike, record_shapes: bool = True, with_stack: bool = False) -> Iterator[Trace]:
     """Profile the block with torch.profiler (CPU activity) and XLA's profiler; write the
@@ -77,6 +86,7 @@ def trace(logdir: str | os.PathLike, record_shapes: bool = True, with_stack: boo
     try:
         with prof:
             yield result
+            _finish_device_work()  # inside: the wait shows in the Chrome trace too
     finally:
         result.xplane.write_bytes(device.stop())
         prof.export_chrome_trace(str(result.chrome_trace))
