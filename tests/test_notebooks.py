@@ -36,7 +36,7 @@ def _params() -> list:
 
 def test_every_notebook_is_collected() -> None:
     names = {nb.stem for nb in _exporter().notebooks()}
-    assert FAST <= names and len(names) >= 6, names
+    assert FAST <= names and len(names) >= 8, names
 
 
 @pytest.mark.parametrize("notebook", _params())
