@@ -89,8 +89,7 @@ _NORM_STATS = (
 _ADDBMM_INPLACE = (
     "addbmm_ on a self that only broadcasts to the result (shape [1] or [] against [5, 10]): the CPU (and CUDA) resize "
     "self, because addbmm_ is addbmm_out(self, self); PyTorch's meta/decomposition refuses with RuntimeError ('output "
-    "with shape [1] doesn't match the broadcast shape [5, 10]'); tpu's in-place write-back refuses with ValueError "
-    "'cannot broadcast (5, 10) to (1,)' (the type should be RuntimeError: issue 16)"
+    "with shape [1] doesn't match the broadcast shape [5, 10]'), and so does tpu, with that RuntimeError"
 )
 _GRID_SAMPLE_GRAD = (
     "grid_sampler_2d's backward is autograd through PyTorch's decomposition of the forward, not the CPU's fused backward "
