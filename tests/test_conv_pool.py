@@ -125,7 +125,10 @@ def test_pool_bf16():
     check_refereed(lambda t: F.interpolate(t, scale_factor=2, mode="bilinear"), x)
 
 
-@pytest.mark.parametrize("mode, padding", [("bilinear", "zeros"), ("nearest", "border"), ("bicubic", "reflection")])
+@pytest.mark.parametrize(
+    "mode, padding",
+    [("bilinear", "zeros"), ("nearest", "border"), pytest.param("bicubic", "reflection", marks=pytest.mark.slow)],
+)
 def test_grid_sample_backward_matches_cpu(mode, padding):
     x = torch.randn(2, 3, 5, 6, requires_grad=True)
     grid = (torch.rand(2, 4, 7, 2) * 2.4 - 1.2).requires_grad_()

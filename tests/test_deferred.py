@@ -292,7 +292,9 @@ def _gpt_data():
     [
         (_mlp, _mlp_data, lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)),
         (_CNN, _cnn_data, lambda p: torch.optim.SGD(p, lr=0.05)),
-        (_TinyGPT, _gpt_data, lambda p: torch.optim.AdamW(p, lr=1e-2)),
+        pytest.param(
+            _TinyGPT, _gpt_data, lambda p: torch.optim.AdamW(p, lr=1e-2), marks=pytest.mark.slow, id="gpt_adamw"
+        ),  # make test-all (time budget; the minGPT example trains under every mode in make test-examples)
     ],
     ids=["mlp", "cnn_batchnorm", "gpt_adamw"],
 )

@@ -117,6 +117,7 @@ def test_ddp_matches_single_process(tmp_path: Path) -> None:
     _assert_same_losses(tmp_path, "ddp", 1e-4)
 
 
+@pytest.mark.slow  # make test-all: make test keeps DDP and the collectives (time budget)
 def test_fsdp2_matches_single_process(tmp_path: Path) -> None:
     _check_rc(spawn(EXAMPLES / "fsdp2.py", "--compare", out=tmp_path, timeout=240))
     _assert_same_losses(tmp_path, "fsdp2", 1e-4)
@@ -128,6 +129,7 @@ def test_fsdp2_mixed_precision_close_to_fp32(tmp_path: Path) -> None:
     _assert_same_losses(tmp_path, "fsdp2_bf16", 3e-2)  # bf16 parameters: close, not equal
 
 
+@pytest.mark.slow  # make test-all (time budget)
 def test_tensor_parallel_matches_single_process(tmp_path: Path) -> None:
     _check_rc(spawn(EXAMPLES / "tensor_parallel.py", "--compare", out=tmp_path, timeout=240))
     _assert_same_losses(tmp_path, "tensor_parallel", 1e-4)
