@@ -2,7 +2,7 @@
 """Run every notebook of the user guide headless and export it to HTML.
 
     python docs/notebooks/export.py                    # all, into build/docs/<name>.html
-    python docs/notebooks/export.py 01_getting_started --out /tmp/html
+    python docs/notebooks/export.py 01_getting_started --out build/html
 
 Each notebook runs in its own `marimo export html` process. marimo exits non-zero when a
 cell raises (a failed `assert` included), and this script stops at the first failure
