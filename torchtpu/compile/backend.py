@@ -22,7 +22,7 @@ import torch
 
 from .. import metrics
 from ..errors import TpuError
-from .dynamic import SymbolBounds, _marked, batched_linears_apart, check_dynamic
+from .dynamic import BOUNDS_ATTR, SymbolBounds, batched_linears_apart, check_dynamic
 from .fx_lowering import CompiledGraph
 
 _graph_ids = itertools.count()
@@ -134,7 +134,10 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options
     # bucket dynamic dims when asked (options, dynamic=True with a bound, or mark_dynamic);
     # automatic dynamic shapes (a second size seen by Dynamo) run at exact shapes
     explicit = not torch._dynamo.config.assume_static_by_default
-    bounded = bool(options.get("bounded_dynamism") or "max_size" in options or explicit or _marked[0])
+    # marked: this graph's own inputs carry mark_dynamic bounds (a process-wide "something
+    # was marked once" made Dynamo's automatic dynamic shapes of any later graph demand a bound)
+    marked = any(getattr(t, BOUNDS_ATTR, None) for t in example_inputs if isinstance(t, torch.Tensor))
+    bounded = bool(options.get("bounded_dynamism") or "max_size" in options or explicit or marked)
     bounds = SymbolBounds(options.get("max_size")) if bounded else None
     if bounded:
         batched_linears_apart(gm)
