@@ -15,7 +15,7 @@ Execution is asynchronous: ``torchtpu::execute`` covers only the enqueue.
 ``torchtpu::device_wait`` span, so the trace shows how long the device worked (at the
 cost of the overlap between host and device).
 
-``trace(logdir)`` also records XLA's own device-side trace (jaxlib's profiler session:
+``trace(logdir)`` also records XLA's own device-side trace (the XLA runtime's profiler session:
 each program's execution and its HLO instructions) and writes both, TensorBoard / XProf
 style::
 

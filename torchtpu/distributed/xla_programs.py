@@ -10,7 +10,7 @@ What XLA's CPU client can and cannot do shapes the programs (``notes/cpu-collect
 - ``all_reduce`` accepts only add / multiply / minimum / maximum regions (an ``or`` region
   is UNIMPLEMENTED): bitwise ops and bool tensors reduce an ``all_gather`` locally;
 - a small native ``reduce_scatter`` slows every later collective of the group ~10x
-  (jaxlib 0.10.2): reduce-scatter is ``all_to_all`` plus a local reduction;
+  (the XLA runtime, 0.10.2): reduce-scatter is ``all_to_all`` plus a local reduction;
 - ``collective_broadcast`` is not implemented: broadcast is an ``all_reduce`` sum of the
   root's bits (every other rank contributes zeros), exact for every value (-0.0, NaN).
 """
@@ -127,7 +127,7 @@ def reduce_scatter(shapes: Sequence[Shape], dtype: torch.dtype, op: str, w: int,
     b = Builder()
     x = b.concatenate([_flat(b, b.param(s, dtype)) for s in shapes], 0)
     n = prod(out_shape)
-    # all_to_all + local reduction, not stablehlo.reduce_scatter (jaxlib bug 1, module doc)
+    # all_to_all + local reduction, not stablehlo.reduce_scatter (runtime bug 1, module doc)
     a = b.all_to_all(b.reshape(x, (w, n)), 0, 0, _groups(w))
     y = _reduce_rows(b, a, op)
     y = _divide(b, y, w) if op == "avg" else y

@@ -22,8 +22,7 @@ A JAX function, lowered once per input signature (and cached on disk, so that a 
 never imports jax)::
 
     @torchtpu.kernels.jax
-    def double(x):
-        import jax.numpy as jnp  # inside: a warm run never imports jax
+    def double(x):  # x is a jax array; jax.numpy is imported inside the function when needed
         return x * 2
 
 Parameters without a default are tensors; those annotated or defaulting to bool, int,

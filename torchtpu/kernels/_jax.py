@@ -3,7 +3,7 @@
 Imported lazily, the first time a JAX kernel meets a signature whose lowered text is in
 neither the memory nor the disk cache (``_lowered.py``), so a run with a warm cache, and
 every run that uses no JAX kernel, never imports jax. jax is the optional extra
-``torchtpu[jax]``, pinned to the jaxlib version torchtpu runs on.
+``torchtpu[jax]``, pinned to the XLA runtime version torchtpu runs on.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from ..stablehlo.types import numpy_dtype
 from ._core import Param, Spec, needs_x64
 
-# torchtpu's runtime may block the imports jaxlib attempts for every array it creates
+# torchtpu's runtime may block the imports the XLA runtime attempts for every array it creates
 # (None entries in sys.modules, see runtime/pjrt.py); jax itself needs those modules
 _blocked = [n for n, m in list(sys.modules.items()) if m is None and (n == "jax" or n.startswith("jax."))]
 if "jax" not in sys.modules or sys.modules["jax"] is None:
@@ -29,7 +29,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     for _name in _blocked:  # keep the runtime's fast path
         sys.modules[_name] = None  # type: ignore[assignment]
     raise ImportError(
-        "torchtpu.kernels.jax needs jax: pip install 'torchtpu[jax]' (jax==0.10.2, matching the pinned jaxlib)"
+        "torchtpu.kernels.jax needs jax: pip install 'torchtpu[jax]' (jax==0.10.2, matching the pinned XLA runtime)"
     ) from e
 
 

@@ -4,7 +4,7 @@ A JAX kernel is lowered once per input signature. The text is stored under the e
 disk cache's directory (``TORCHTPU_CACHE_DIR``, see runtime/cache.py), in ``kernels/``,
 keyed by everything that decides it: the function's code (its bytecode, constants,
 defaults, closure values, and the functions of its own module it calls, recursively), the
-signature, the static arguments, the jax and jaxlib versions, the platform and the user's
+signature, the static arguments, the jax and XLA runtime versions, the platform and the user's
 ``cache_key``. Computing the key needs no jax, so a run whose kernels are all cached never
 imports it. What the key cannot see (a helper in another module, a global value the
 function reads) is what ``cache_key=`` is for.
@@ -65,7 +65,7 @@ class JaxSource:
             f"x64={needs_x64(specs)}",
             platform,
             _version("jax"),
-            _version("jaxlib"),
+            _runtime_version(),
             sys.version,
             self.cache_key,
         ]
@@ -81,6 +81,14 @@ class JaxSource:
             raise KernelError(
                 f"{self.what}: jax could not lower the function for ({shapes}) {statics or ''}: {type(e).__name__}: {e}"
             ) from e
+
+
+def _runtime_version() -> str:
+    """The XLA runtime's version, as the runtime adapter reports it (a lowering made for
+    another runtime is not reused)."""
+    from ..runtime import pjrt
+
+    return pjrt.get().runtime_version
 
 
 @functools.cache

@@ -47,13 +47,13 @@ def cache_dir() -> Path | None:
     else:
         base = Path(raw)
     rt = pjrt.get()
-    return base / f"{rt.platform}-jaxlib{rt.jaxlib_version}"
+    return base / f"{rt.platform}-jaxlib{rt.runtime_version}"
 
 
 def program_key(text: str) -> str:
     rt = pjrt.get()
     h = hashlib.sha256()
-    for part in (rt.platform, rt.jaxlib_version, rt.compile_options_fingerprint(), text):
+    for part in (rt.platform, rt.runtime_version, rt.compile_options_fingerprint(), text):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()

@@ -261,7 +261,8 @@ class Runtime:
         return fp if self.cluster is None else f"{fp}|device={self.device.id}"
 
     @property
-    def jaxlib_version(self) -> str:
+    def runtime_version(self) -> str:
+        """The version of jaxlib, the XLA runtime library this adapter drives."""
         import jaxlib
 
         return jaxlib.__version__
