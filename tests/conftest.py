@@ -16,6 +16,6 @@ def _seed():
     torch.manual_seed(0)
     yield
     # an asynchronous device-side error a test left pending must not fail the next test
-    from torchtpu.eager import checks
+    from torchtpu.runner import checks
 
     checks.clear()

@@ -170,11 +170,11 @@ def test_input_mutation_is_written_back_and_donated() -> None:
     assert_close(bt, bc)
     assert_close(view, bc[1:])
     prog = _programs_with_mutations()
-    assert prog and all("tf.aliasing_output" in p.text for p in prog)
+    assert prog and all("tf.aliasing_output" in p.storage.text for p in prog)
     # the storages keep the shape they were moved to the device with, so XLA updates them
     # in place (a flat buffer updated through a reshape costs XLA a copy)
-    mine = [p for p in prog if "tensor<4x6xf32>" in p.text]
-    assert mine and all(p.text.count("tensor<4x6xf32> {tf.aliasing_output") == 2 for p in mine)
+    mine = [p for p in prog if "tensor<4x6xf32>" in p.storage.text]
+    assert mine and all(p.storage.text.count("tensor<4x6xf32> {tf.aliasing_output") == 2 for p in mine)
     from torchtpu.tensor.storage import cell_of
 
     assert cell_of(bt).shape == (4, 6) and cell_of(xt).shape == (4, 6)
@@ -183,7 +183,7 @@ def test_input_mutation_is_written_back_and_donated() -> None:
 def _programs_with_mutations() -> list:
     from torchtpu.compile.fx_lowering import GRAPHS
 
-    return [p for g in list(GRAPHS) for p in g.programs.values() if p.updates]
+    return [p for g in list(GRAPHS) for p in g.programs.values() if p.storage.updates]
 
 
 def test_training_step_does_not_double_memory() -> None:
@@ -297,7 +297,7 @@ def test_precision_is_part_of_the_program_key(mode: str, expected: str) -> None:
     finally:
         backend.CompiledGraph = orig
     assert_close(out, (a.cpu() @ b.cpu()).relu())
-    texts = [p.text for g in seen for k, p in g.programs.items() if k[-1] == expected]
+    texts = [p.storage.text for g in seen for k, p in g.programs.items() if k[-1] == expected]
     assert texts and all(f"precision_config = [#stablehlo<precision {expected}>" in t for t in texts), texts
 
 

@@ -12,7 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchtpu
-from torchtpu.eager import checks, deferred
+from torchtpu.eager import deferred
+from torchtpu.runner import checks
 
 TPU = torch.device("tpu")
 

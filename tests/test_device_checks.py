@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 
 import torchtpu
-from torchtpu.eager import checks
+from torchtpu.runner import checks
 
 Fn = Callable[[str], Any]
 MODES = ["eager", "launch_blocking", "defer_and_fuse"]

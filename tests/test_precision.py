@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import torchtpu
-from torchtpu.device import matmul_precision as prec
 from torchtpu.eager import dispatch
+from torchtpu.runner import precision as prec
 
 
 def _program_texts(op_name: str) -> list[str]:
-    return [p.text for k, p in dispatch._CACHE.items() if str(k[0]).startswith(op_name)]
+    return [p.storage.text for k, p in dispatch._CACHE.items() if str(k[0]).startswith(op_name)]
 
 
 def _mm_text() -> str:
@@ -25,7 +25,7 @@ def _mm_text() -> str:
 
     buffers = ((cell_of(a).shape, torch.float32, True), (cell_of(b).shape, torch.float32, True))
     mine = [
-        p.text
+        p.storage.text
         for k, p in dispatch._CACHE.items()
         if str(k[0]) == "aten.mm.default" and prec.current() in k and k[1][2] == (8, 4) and k[2][2] == (4, 3)
         and all(buf in k for buf in buffers)  # storages of other shapes make other programs

@@ -43,7 +43,7 @@ def _ser_restore(storage: Any, location: str) -> Any:
     if not location.startswith("tpu"):
         return None
     from .device import _index
-    from .tensor.minimal import from_cpu
+    from .eager.minimal import from_cpu
 
     _index(location)
     host = storage if storage.device.type == "cpu" else storage.cpu()
@@ -101,7 +101,7 @@ def _patch_storage_clone() -> None:
     def clone(self: Any) -> Any:
         if self.device.type != "tpu":
             return original(self)
-        from .tensor.minimal import clone_storage
+        from .eager.minimal import clone_storage
 
         return clone_storage(self)
 
@@ -149,7 +149,7 @@ def _patch_storage_pickle() -> None:
     Pickle tpu storages as their host bytes instead (what a CUDA storage's legacy save
     writes) and restore them onto tpu; ``copy``, ``multiprocessing`` and DataLoader workers
     go through the same path."""
-    from .tensor.minimal import storage_to_host
+    from .eager.minimal import storage_to_host
 
     for cls in (torch.UntypedStorage, torch.TypedStorage):
         original = cls.__reduce__
@@ -184,7 +184,7 @@ def register_device() -> None:
     from .tensor import sharing
 
     sharing.install()  # torch.multiprocessing / DataLoader workers: tpu tensors travel as bytes
-    from .device.matmul_precision import install_torch_hook
+    from .runner.precision import install_torch_hook
 
     install_torch_hook()
     from .device import amp

@@ -21,11 +21,11 @@ import torch
 # Core overloads served by the runtime kernels (allocation, scalar read-back, resizing) or
 # answered from tensor metadata by PyTorch itself: they never reach the lowering registry.
 RUNTIME_CORE = {
-    "aten._local_scalar_dense.default": "runtime kernel (tensor/minimal.py): reads the value back",
-    "aten.empty.memory_format": "runtime kernel (tensor/minimal.py): allocation",
-    "aten.empty_strided.default": "runtime kernel (tensor/minimal.py): allocation",
-    "aten.resize_.default": "runtime kernel (tensor/minimal.py): resizes the storage cell",
-    "aten.nonzero.default": "host-synced kernel (tensor/host_ops.py): data-dependent output shape",
+    "aten._local_scalar_dense.default": "runtime kernel (eager/minimal.py): reads the value back",
+    "aten.empty.memory_format": "runtime kernel (eager/minimal.py): allocation",
+    "aten.empty_strided.default": "runtime kernel (eager/minimal.py): allocation",
+    "aten.resize_.default": "runtime kernel (eager/minimal.py): resizes the storage cell",
+    "aten.nonzero.default": "host-synced kernel (eager/host_ops.py): data-dependent output shape",
     "aten.sym_size.int": "metadata query answered by PyTorch from the tensor's sizes",
     "aten.sym_stride.int": "metadata query answered by PyTorch from the tensor's strides",
     "aten.sym_numel.default": "metadata query answered by PyTorch from the tensor's sizes",

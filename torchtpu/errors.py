@@ -43,3 +43,12 @@ def not_implemented(op_name: str, detail: str = "") -> NotImplementedError:
         "copied to the CPU and back), or move the tensors to the CPU for this op with .cpu(); "
         "please report the op so it can be lowered."
     )
+
+
+def one_device_error(index: object) -> RuntimeError:
+    """A device index other than 0: each process drives exactly one device."""
+    return RuntimeError(
+        f"torchtpu: device index {index} is not available: each process drives exactly one device, tpu:0. "
+        "To use several devices, run one process per device (torchrun --nproc-per-node=N) and use 'tpu' "
+        "(or 'tpu:0') in each."
+    )

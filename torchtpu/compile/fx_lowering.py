@@ -30,21 +30,21 @@ import numpy as np
 import torch
 
 from .. import _spans, config, metrics
-from ..device.matmul_precision import current as current_precision
-from ..eager import checks
+from ..eager import rng
 from ..errors import TpuError
 from ..lowering import registry
-from ..lowering.context import NodeLowering, ProgramContext, ScalarValue
+from ..lowering.context import NodeLowering, ProgramContext, ScalarValue, conform
 from ..lowering.graph import GraphHooks, lower_graph
 from ..lowering.strided import (
     contiguous_strides,
     flatten_for_strides,
     read_view,
-    storage_param,
-    storage_result,
     write_view,
 )
-from ..runtime import cache, pjrt
+from ..runner.bounded import BoundedCache
+from ..runner.precision import current as current_precision
+from ..runner.program import ProgramBuilder, StorageProgram, device_scalar, execute, write_back
+from ..runtime import pjrt
 from ..stablehlo.builder import Value
 from ..tensor.storage import Cell, cell_of, new_tensor
 
@@ -59,20 +59,14 @@ GRAPHS: weakref.WeakSet = weakref.WeakSet()  # every live CompiledGraph (tests, 
 
 
 class Program:
-    """One compiled executable of a graph and how to read its results."""
+    """One compiled storage program of a graph and how to read its results."""
 
-    __slots__ = ("key", "outputs", "n_new", "updates", "n_random", "text", "check_messages")
+    __slots__ = ("storage", "outputs", "n_random")
 
-    def __init__(
-        self, key: str, outputs: list, n_new: int, updates: list[int], n_random: int, text: str, check_messages: list
-    ):
-        self.key = key  # the executable lives in runtime/cache.py (bounded): cache.fetch
-        self.outputs = outputs  # per graph output: ("new", sizes, strides, dtype, numel) | ("input", i) | ("const", v)
-        self.n_new = n_new  # how many program results are graph outputs (the rest: updated storages)
-        self.updates = updates  # storage slots the program rewrites, in result order
+    def __init__(self, storage: StorageProgram, outputs: list[tuple], n_random: int):
+        self.storage = storage
+        self.outputs = outputs  # per graph output: ("new", sizes, strides, dtype, numel, exprs) | ("input", i) | ("const", v)
         self.n_random = n_random  # RNG states the program consumes
-        self.text = text
-        self.check_messages = check_messages  # device-side checks: their flags are the last results
 
 
 class _Call:
@@ -98,11 +92,6 @@ def _slot(call: _Call, t: torch.Tensor) -> int:
     return slot
 
 
-def _device_float(value: float) -> Any:
-    rt = pjrt.get()
-    return rt.put(np.asarray(value, np.float64 if rt.supports_f64 else np.float32))
-
-
 def _collect(args: list[Any], name: str) -> _Call:
     call = _Call(args)
     key = call.key
@@ -120,7 +109,7 @@ def _collect(args: list[Any], name: str) -> _Call:
         elif isinstance(a, bool) or isinstance(a, int):
             key.append(("i", int(a)))  # sizes of dynamic dims: they shape the program
         elif isinstance(a, float):
-            call.scalars.append(_device_float(a))
+            call.scalars.append(device_scalar(a, float))
             key.append(("f",))
         elif a is None:
             key.append(None)
@@ -193,16 +182,6 @@ def _copy(ctx: ProgramContext, dst: Value, src: Any) -> Value:
     return L.broadcast_to(v, dst.shape)
 
 
-def _fix(ctx: ProgramContext, v: Value, dtype: torch.dtype, shape: tuple) -> Value:
-    """Make a result exactly the dtype and shape PyTorch promised."""
-    L = NodeLowering(ctx, None, None)
-    if v.dtype != dtype:
-        v = L.to(v, dtype)
-    if v.shape != shape:
-        v = L.broadcast_to(v, shape) if v.rank <= len(shape) else ctx.b.reshape(v, shape)
-    return v
-
-
 def _static_dim(b: Any, v: Value, d: int) -> Value:
     """``v`` with dimension ``d`` static again: a gather with static indices (XLA cannot
     return a bounded-dynamic buffer that another program could take)."""
@@ -236,7 +215,7 @@ class CompiledGraph:
             elif plan.reason:
                 warn_exact(name, plan.reason)
         self._lengths: list[Value] = []
-        self.programs: dict[tuple, Program] = {}
+        self.programs = BoundedCache(f"programs of compiled graph {name}")
         self._last_key: tuple | None = None
         self.compile_id: str | None = None  # Dynamo's id of the frame compile that made this graph ("0/1")
         nodes = list(gm.graph.nodes)
@@ -256,8 +235,7 @@ class CompiledGraph:
             unpadded, args_l = args_l, self.plan.pad_args(args_l, buckets)
         call = _collect(args_l, self.name)
         if lengths is not None:
-            rt = pjrt.get()
-            call.scalars.extend(rt.put(np.asarray(n, np.int32)) for n in lengths)
+            call.scalars.extend(device_scalar(n, int, np.int32) for n in lengths)
         key = tuple(call.key)
         prog = self.programs.get(key)
         if prog is None:
@@ -294,24 +272,18 @@ class CompiledGraph:
         inputs = [c.buf for c in call.cells if c.buf is not None]
         inputs.extend(call.scalars)
         if prog.n_random:
-            inputs.append(_rng_states(prog.n_random))
-        outs = pjrt.get().execute(cache.fetch(prog.key, prog.text, "a compiled graph evicted from the executable cache"), inputs)
-        metrics.add("executions")
-        # a target out of range, a division by zero...: raised at the next wait
-        outs = checks.take_flags(outs, f"compiled graph {self.name}", prog.check_messages)
-        _track(outs)
-        for slot, buf in zip(prog.updates, outs[prog.n_new :]):
-            call.cells[slot].set(buf)
+            inputs.append(rng.reserve_state_buffer(prog.n_random))
+        outs = execute(prog.storage, inputs, f"compiled graph {self.name}")
+        new = iter(write_back(prog.storage, call.cells, outs))
         for i, host in call.host:  # a mutated CPU scalar (e.g. a non-capturable optimizer step count)
-            if call.slot_of[id(cell_of(call.args[i]))] in prog.updates:
+            if call.slot_of[id(cell_of(call.args[i]))] in prog.storage.updates:
                 host.copy_(call.args[i])
         results: list[Any] = []
-        bufs = iter(outs[: prog.n_new])
         for spec in prog.outputs:
             kind = spec[0]
             if kind == "new":
                 sizes, strides, dtype, numel = spec[1:5]
-                results.append(new_tensor(Cell(numel, dtype, next(bufs)), sizes, strides, 0, dtype))
+                results.append(new_tensor(Cell(numel, dtype, next(new)), sizes, strides, 0, dtype))
             elif kind == "input":
                 results.append(call.args[spec[1]])
             else:
@@ -320,17 +292,9 @@ class CompiledGraph:
 
     # -- building ------------------------------------------------------------------------------
     def _build(self, call: _Call) -> Program:
-        ctx = ProgramContext()
-        ctx.set_platform(pjrt.get())
-        b = ctx.b
-        bases: list[Value] = []
-        params: dict[int, int] = {}  # slot -> parameter index
-        for slot, cell in enumerate(call.cells):
-            if cell.buf is None:  # never written: reads as zeros
-                bases.append(b.broadcast_in_dim(b.constant(0, cell.dtype), (cell.numel,), []))
-            else:
-                params[slot] = len(b.params)
-                bases.append(storage_param(b, cell.shape, cell.numel, cell.dtype))
+        pb = ProgramBuilder()
+        ctx, b = pb.ctx, pb.b
+        bases = [pb.storage(slot, c.shape, c.numel, c.dtype, c.buf is not None) for slot, c in enumerate(call.cells)]
         inputs, geometry = self._inputs(b, call, bases)
         hooks = _Hooks(ctx, self.placeholders, use_meta=not self.dynamic)
         result = lower_graph(ctx, self.gm, inputs, hooks=hooks)
@@ -342,24 +306,19 @@ class CompiledGraph:
             specs.append(spec)
             if flat is not None:
                 outputs.append(flat)
-        n_new = len(outputs)
         current = list(bases)
-        updates: list[int] = []
-        for index, value in hooks.mutations.items():
+        updated: list[int] = []
+        for index, value in hooks.mutations.items():  # copy_ into graph inputs, in graph order
             slot, sizes, strides, offset = geometry[index]
             current[slot] = write_view(b, current[slot], sizes, strides, offset, value)
-            if slot not in updates:
-                updates.append(slot)
-        for k, slot in enumerate(updates):
-            if slot in params:  # the old buffer dies: let XLA reuse it for the new one
-                b.set_param_attr(params[slot], f"tf.aliasing_output = {n_new + k} : i32")
-        outputs.extend(storage_result(b, current[s], call.cells[s].shape) for s in updates)
-        outputs.extend(flag for flag, _ in ctx.checks)
-        text = b.module(outputs)
+            if slot not in updated:
+                updated.append(slot)
+        updates = [(slot, current[slot], call.cells[slot].shape) for slot in updated]
         what = f"compiled graph {self.name} {[k[2] for k in call.key if isinstance(k, tuple) and len(k) == 5]}"
-        _dump(self.name, text, self.gm)
-        key, _ = cache.compile_keyed(text, what)
-        return Program(key, specs, n_new, updates, hooks.n_random, text, [m for _, m in ctx.checks])
+        # a rewritten input's old buffer dies with the step: let XLA reuse it for the new one
+        storage = pb.finish(outputs, updates, what, donate=[s for s in updated if pb.has_param(s)])
+        _dump(self.name, storage.text, self.gm)
+        return Program(storage, specs, hooks.n_random)
 
     def _inputs(self, b: Any, call: _Call, bases: list[Value]) -> tuple[list[Any], dict[int, tuple]]:
         inputs: list[Any] = []
@@ -395,7 +354,7 @@ class CompiledGraph:
             if isinstance(meta, torch.Tensor):
                 dtype = meta.dtype
             stride = contiguous_strides(shape)
-        v = _fix(ctx, v, dtype, shape)
+        v = conform(ctx, v, dtype, shape)
         exprs = None
         if self.plan is not None and isinstance(meta, torch.Tensor):
             exprs = [s.node.expr if isinstance(s, torch.SymInt) else int(s) for s in meta.shape]
@@ -431,25 +390,6 @@ def explain_key_change(old: tuple | None, new: tuple) -> str:
         else:
             reasons.append(f"input {i}: {a} -> {c}")
     return "; ".join(reasons) or "new key"
-
-
-def _rng_states(n: int) -> Any:
-    """Reserve ``n`` consecutive eager RNG states; the buffer holds the first one."""
-    from ..eager import rng
-
-    with rng._lock:
-        state = np.array([rng._seed, rng._counter], dtype=np.uint64)
-        rng._counter += n
-    return pjrt.get().put(state)
-
-
-def _track(outs: list[Any]) -> None:
-    """Let torch.tpu.synchronize() wait for these results too."""
-    from ..eager import dispatch
-
-    track = getattr(dispatch, "_track", None)
-    if track is not None:
-        track(outs)
 
 
 def _dump(name: str, text: str, gm: torch.fx.GraphModule) -> None:

@@ -12,20 +12,13 @@ from typing import Any
 
 import torch
 
+from ..errors import one_device_error
+from ..runner.precision import Precision, get_precision, precision  # noqa: F401 - torch.tpu.precision
 from ..runtime import memory as _memory
 from ..runtime import pjrt as _pjrt
 from ..runtime import platforms as _platforms
-from .matmul_precision import Precision, get_precision, precision  # noqa: F401 - torch.tpu.precision
 
 _DeviceProperties = namedtuple("_DeviceProperties", ["name", "platform", "type", "total_memory", "supports_float64"])
-
-
-def one_device_error(index: Any) -> RuntimeError:
-    return RuntimeError(
-        f"torchtpu: device index {index} is not available: each process drives exactly one device, tpu:0. "
-        "To use several devices, run one process per device (torchrun --nproc-per-node=N) and use 'tpu' "
-        "(or 'tpu:0') in each."
-    )
 
 
 def _index(device: Any) -> int:

@@ -13,9 +13,9 @@ import warnings
 import numpy as np
 import torch
 
+from ..eager.minimal import to_cpu
 from ..runtime import pjrt
 from ..stablehlo.types import numpy_dtype
-from ..tensor.minimal import to_cpu
 from ..tensor.storage import cell_of
 
 

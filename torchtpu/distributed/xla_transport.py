@@ -23,10 +23,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..eager.minimal import covers_storage
 from ..errors import TpuRuntimeError
 from ..runtime import distributed as rdist
 from ..stablehlo.types import numpy_dtype
-from ..tensor.minimal import covers_storage
 from ..tensor.storage import Cell, cell_of, new_tensor
 from . import xla_programs as P
 from ._host import is_tpu

@@ -23,19 +23,18 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
-import time
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from .. import _spans, metrics
 from ..errors import TpuError
-from ..lowering.context import ProgramContext
-from ..lowering.strided import storage_param, storage_result
-from ..runtime import cache, pjrt
+from ..runner import checks
+from ..runner.bounded import BoundedCache
+from ..runner.program import Blame, ProgramBuilder, StorageProgram, execute
 from ..tensor.storage import Cell, new_tensor
-from . import checks, growth, rng, validate
+from . import growth, rng, validate
 from .oplower import RUNTIME_OFFSET, lower_op, scalar_params
 from .plan import KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
 
@@ -44,22 +43,29 @@ MIN_REPEAT = 8  # a repeated first op only ends a graph at least this long
 
 _epochs = itertools.count(1)
 _local = threading.local()
-_SPECS: dict[tuple, tuple] = {}  # op key -> (out specs, out_tree, update slots)
-_GRAPHS: dict[tuple, _Compiled] = {}
+_SPECS = BoundedCache("DeferAndFuse op specs")  # op key -> _Spec
+_GRAPHS = BoundedCache("DeferAndFuse graphs")  # graph key -> _Compiled
 _recent: list[Any] = []  # outputs of the latest flush, for synchronize()
 
 IN, ZEROS, NEW = "in", "zeros", "new"
 
 
-class _Compiled:
-    __slots__ = ("key", "donated", "check_nodes", "check_messages", "text")
+class _Spec(NamedTuple):
+    """What recording an op needs to know without lowering it again."""
 
-    def __init__(self, key: str, donated: tuple, check_nodes: list[int], check_messages: list[str], text: str):
-        self.key = key  # the executable lives in runtime/cache.py (bounded)
-        self.donated = donated
-        self.check_nodes = check_nodes
-        self.check_messages = check_messages
-        self.text = text
+    outputs: list  # OutputSpec per new result; None for an absent one
+    out_tree: Any  # pytree spec of the new results; None: a flat list
+    updates: list[int]  # call slots the op rewrites
+
+
+class _Compiled:
+    """A fused graph's program; its results are the graph's live written storages."""
+
+    __slots__ = ("program", "blame_nodes")
+
+    def __init__(self, program: StorageProgram, blame_nodes: list[int]):
+        self.program = program
+        self.blame_nodes = blame_nodes  # per device-side check: the node that added it
 
 
 class _Node:
@@ -158,7 +164,7 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
     spec = _SPECS.get(key)
     if spec is None:
         spec = _SPECS[key] = _spec(plan, values, call, key)
-    specs, out_tree, updates = spec
+    specs, out_tree, updates = spec.outputs, spec.out_tree, spec.updates
     gslots = tuple(g.slot(c) for c in call.cells)
     lvalues = [None if k == KIND_TENSOR_LIST or (k == KIND_TENSOR and isinstance(v, torch.Tensor)) else v for k, v in zip(plan.kinds, values)]
     node = _Node(plan, key, lvalues, gslots, call.scalar_types)
@@ -214,17 +220,17 @@ def _join_forward_graph(g: Graph, cells: list[Cell]) -> Graph:
     return g
 
 
-def _spec(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> tuple:
+def _spec(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> _Spec:
     """Output specs and rewritten slots of a call never seen before, by lowering it once
     on its own (not compiled): this also raises NotImplementedError at the op itself,
     and learns whether its program reports device-side checks."""
     from .dispatch import lower_single
 
     validate.check(plan, values)  # the CPU's metadata checks, once per op key
-    ctx, low = lower_single(plan, values, call)
-    if ctx.checks:
+    pb, low = lower_single(plan, values, call)
+    if pb.ctx.checks:
         _CHECKED.add(key)
-    return low.specs, None if low.simple else low.out_tree, list(low.updates)
+    return _Spec(low.specs, None if low.simple else low.out_tree, list(low.updates))
 
 
 def _hook_backward(g: Graph) -> None:
@@ -324,21 +330,12 @@ def _run_graph(g: Graph, reason: str) -> None:
         cell = g.cells[g.input_slots[i]]()
         if cell is not None:
             cell._buf = None  # still counted: the program's output replaces it
-    t0 = time.perf_counter()
-    exe = cache.fetch(compiled.key, compiled.text, "a fused graph evicted from the executable cache")
-    outs = pjrt.get().execute(exe, g.inputs + g.operands)
+    blame = [Blame(g.nodes[n].plan.name, g.nodes[n].where or "<unknown: run with TORCHTPU_LAUNCH_BLOCKING=1>") for n in compiled.blame_nodes]
+    outs = execute(compiled.program, g.inputs + g.operands, blame, tracked=False)
     g.inputs = g.operands = []
-    metrics.add("execute_seconds", time.perf_counter() - t0)
-    metrics.add("executions")
     metrics.add("flushes")
     metrics.add(f"flushes_{reason}")
     metrics.add("fused_ops", len(g.nodes))
-    n_checks = len(compiled.check_messages)
-    if n_checks:
-        for node_idx, msg, flag in zip(compiled.check_nodes, compiled.check_messages, outs[len(outs) - n_checks :]):
-            node = g.nodes[node_idx]
-            checks.add([flag], node.plan.name, [msg], node.where or "<unknown: run with TORCHTPU_LAUNCH_BLOCKING=1>")
-        outs = outs[: len(outs) - n_checks]
     for (_, cell), buf in zip(live, outs):
         cell.lazy = None
         cell.gslot = None
@@ -369,41 +366,39 @@ def _donatable(g: Graph, live: list[tuple[int, Cell]]) -> tuple[int, ...]:
 
 
 def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
-    ctx = ProgramContext()
-    ctx.set_platform(pjrt.get())
-    b = ctx.b
+    """The graph's program: every written storage still alive is a result (rewritten
+    inputs and new cells alike); the rest are intermediates XLA fuses away."""
+    pb = ProgramBuilder()
     values: list[Any] = [None] * len(g.kinds)
-    for idx, (kind, numel, dtype, _) in enumerate(g.kinds):
-        if kind == IN:
-            values[idx] = storage_param(b, g.kinds[idx][3], numel, dtype)
-        elif kind == ZEROS:
-            values[idx] = b.broadcast_in_dim(b.constant(0, dtype), (numel,), [])
-    check_nodes: list[int] = []
+    for idx, (kind, numel, dtype, shape) in enumerate(g.kinds):
+        if kind != NEW:
+            values[idx] = pb.storage(idx, shape, numel, dtype, kind == IN)
+    blame_nodes: list[int] = []
     for n, node in enumerate(g.nodes):
-        scalars = scalar_params(b, node.scalar_types)
-        if node.plan is None:
-            values[node.out_gslots[0]] = growth.lower_append(b, node.key, [values[s] for s in node.gslots], scalars)
-            continue
-        if node.random:
-            ctx.new_rng_param()
-        args, slot_of = _meta_args(node, g)
-        bases = [values[s] for s in node.gslots]
-        before = len(ctx.checks)
-        low = lower_op(ctx, node.plan, args, slot_of, bases, scalars)
-        for idx, v in zip(node.out_gslots, low.outputs):
-            values[idx] = v
-        for slot, v in low.updates.items():
-            values[node.gslots[slot]] = v
-        if len(ctx.checks) > before:
+        before = len(pb.ctx.checks)
+        _lower_node(pb.ctx, g, node, values)
+        if len(pb.ctx.checks) > before:
             _CHECKED.add(node.key)
-            check_nodes.extend([n] * (len(ctx.checks) - before))
-    for i in donated:
-        out_pos = live.index(g.input_slots[i])
-        b.set_param_attr(i, f"tf.aliasing_output = {out_pos} : i32")
-    outputs = [storage_result(b, values[i], g.kinds[i][3]) for i in live] + [flag for flag, _ in ctx.checks]
-    text = b.module(outputs)
-    key, _ = cache.compile_keyed(text, f"fused graph of {len(g.nodes)} ops")
-    return _Compiled(key, donated, check_nodes, [m for _, m in ctx.checks], text)
+            blame_nodes.extend([n] * (len(pb.ctx.checks) - before))
+    results = [(idx, values[idx], g.kinds[idx][3]) for idx in live]
+    donate = [g.input_slots[i] for i in donated]
+    return _Compiled(pb.finish([], results, f"fused graph of {len(g.nodes)} ops", donate), blame_nodes)
+
+
+def _lower_node(ctx: Any, g: Graph, node: _Node, values: list[Any]) -> None:
+    """Lower one recorded op, reading and writing the graph's current storage values."""
+    scalars = scalar_params(ctx.b, node.scalar_types)
+    if node.plan is None:
+        values[node.out_gslots[0]] = growth.lower_append(ctx.b, node.key, [values[s] for s in node.gslots], scalars)
+        return
+    if node.random:
+        ctx.new_rng_param()
+    args, slot_of = _meta_args(node, g)
+    low = lower_op(ctx, node.plan, args, slot_of, [values[s] for s in node.gslots], scalars)
+    for idx, v in zip(node.out_gslots, low.outputs):
+        values[idx] = v
+    for slot, v in low.updates.items():
+        values[node.gslots[slot]] = v
 
 
 def _meta_args(node: _Node, g: Graph) -> tuple[list[Any], Any]:

@@ -13,7 +13,7 @@ under ``launch_blocking`` it waits for every program and raises at the failing c
 
 from __future__ import annotations
 
-from time import perf_counter
+import sys
 from typing import Any
 
 import numpy as np
@@ -21,15 +21,16 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import _spans, config, metrics, op_report
-from ..device.matmul_precision import current as current_precision
 from ..errors import TpuError, TpuRuntimeError
 from ..lowering import registry
-from ..lowering.context import ProgramContext
-from ..lowering.strided import storage_param, storage_result
-from ..runtime import cache, pjrt
+from ..runner import checks
+from ..runner.bounded import BoundedCache
+from ..runner.precision import current as current_precision
+from ..runner.program import OutputSpec, ProgramBuilder, StorageProgram, device_scalar, execute, take_pending, write_back
+from ..runtime import pjrt
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, new_tensor
-from . import checks, growth, modes, rng, validate
+from . import growth, modes, rng, validate
 from .oplower import RUNTIME_OFFSET, lifted, lower_op, scalar_params
 from .plan import (
     KIND_SCALAR,
@@ -42,25 +43,17 @@ from .plan import (
 
 
 class Program:
-    __slots__ = ("key", "outputs", "n_outputs", "out_tree", "updates", "text", "n_inputs", "check_messages")
+    """An op's storage program and how to wrap its new results as tensors."""
 
-    def __init__(self, key: str, outputs: list, out_tree: Any, updates: list[int], text: str, n_inputs: int, check_messages: list[str]):
-        self.key = key  # the executable lives in runtime/cache.py (bounded); see executable()
-        self.out_tree = out_tree  # pytree spec of the op's new (non-mutated) outputs
-        self.outputs = outputs  # per new output: (sizes, strides, dtype, numel), None for an absent one
-        self.n_outputs = sum(1 for o in outputs if o is not None)
-        self.updates = updates  # slots whose storage the program rewrites
-        self.text = text
-        self.n_inputs = n_inputs
-        self.check_messages = check_messages  # one trailing bool output each (eager/checks.py)
+    __slots__ = ("storage", "outputs", "out_tree")
 
-    def executable(self) -> Any:
-        return cache.fetch(self.key, self.text, "a program evicted from the executable cache")
+    def __init__(self, storage: StorageProgram, outputs: list[OutputSpec | None], out_tree: Any):
+        self.storage = storage
+        self.outputs = outputs  # per new output; None for an absent one
+        self.out_tree = out_tree  # pytree spec of the op's new (non-mutated) outputs, None: a flat list
 
 
-_CACHE: dict[tuple, Program] = {}
-_scalar_bufs: dict[tuple, Any] = {}
-_pending: list[Any] = []  # recent output buffers, for synchronize()
+_CACHE = BoundedCache("eager op programs")
 
 
 def cache_size() -> int:
@@ -69,27 +62,6 @@ def cache_size() -> int:
 
 def clear_cache() -> None:
     _CACHE.clear()
-
-
-# --------------------------------------------------------------------------
-# operands
-# --------------------------------------------------------------------------
-def _device_scalar(value: Any, pytype: type) -> Any:
-    key = (pytype, value)
-    buf = _scalar_bufs.get(key)
-    if buf is None:
-        rt = pjrt.get()
-        if pytype is float:
-            arr = np.asarray(value, np.float64 if rt.supports_f64 else np.float32)
-        elif pytype is complex:
-            arr = np.asarray(value, np.complex128 if rt.supports_f64 else np.complex64)
-        else:
-            arr = np.asarray(value, np.int64)
-        buf = rt.put(arr)
-        if len(_scalar_bufs) > 4096:
-            _scalar_bufs.clear()
-        _scalar_bufs[key] = buf
-    return buf
 
 
 def _freeze(v: Any) -> Any:
@@ -129,7 +101,10 @@ class _Call:
         self.scalar_types: list[type | str] = []
 
     def tensor(self, t: torch.Tensor) -> tuple:
-        cell = cell_of(t)
+        try:
+            cell = t.untyped_storage()._cell  # cell_of, inlined: once per tensor argument
+        except AttributeError:
+            cell = cell_of(t)  # raises the explanation
         slot = self.slot_of.get(id(cell))
         if slot is None:
             slot = self.slot_of[id(cell)] = len(self.cells)
@@ -137,7 +112,7 @@ class _Call:
         self.tensors.append(t)
         shape, offset = tuple(t.shape), t.storage_offset()
         if offset:
-            self.scalars.append(_device_scalar(offset, int))
+            self.scalars.append(device_scalar(offset, int))
             self.scalar_types.append(RUNTIME_OFFSET)
             offset = RUNTIME_OFFSET
         return (slot, t.dtype, shape, key_strides(shape, t.stride()), offset, t.is_conj(), t.is_neg())
@@ -145,7 +120,7 @@ class _Call:
     def scalar(self, v: Any, lift: bool) -> Any:
         tp = type(v)
         if lifted(v, lift):
-            self.scalars.append(_device_scalar(v, tp))
+            self.scalars.append(device_scalar(v, tp))
             self.scalar_types.append(tp)
             return ("s", tp)
         return _freeze(v)
@@ -195,7 +170,7 @@ def _collect(plan: OpPlan, values: list[Any]) -> _Call:
             if isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v)):
                 raise TpuError(f"torchtpu: unexpected tensor argument to {plan.name}")
             key.append(_freeze(v))
-    key.extend((c.shape, c.dtype, c.initialized) for c in call.cells)
+    key.extend([(c.shape, c.dtype, c._buf is not None or c.lazy is not None) for c in call.cells])  # Cell.initialized, inlined
     key.append(current_precision())  # dot/conv precision_config is baked into the program
     return call
 
@@ -223,6 +198,9 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     key = tuple(call.key)
     if plan.random:
         key = key + (rng.STATE_KEY,)
+    donate = _donatable(plan, values, call) if plan.mutable and mode != modes.DEFER else ()
+    if donate:
+        key = key + (("donate", donate),)
     if mode == modes.DEFER:
         from . import deferred
 
@@ -237,7 +215,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     if prog is None:
         try:
             validate.check(plan, values)  # the CPU's metadata checks, once per key
-            prog = _build(plan, values, call)
+            prog = _build(plan, values, call, donate)
         except NotImplementedError:
             return _cpu_fallback_or_raise(op, args, kwargs)
         if _spans.explain is not None:  # why a new program: compare with this op's other keys
@@ -251,27 +229,17 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     inputs.extend(call.scalars)
     if plan.random:
         inputs.append(rng.next_state_buffer())
-    t0 = perf_counter()
-    outs = pjrt.get().execute(prog.executable(), inputs)
-    metrics.add("execute_seconds", perf_counter() - t0)
-    metrics.add("executions")
-    if prog.check_messages:  # (the hot path skips the call)
-        outs = checks.take_flags(outs, plan.name, prog.check_messages)
+    outs = execute(prog.storage, inputs, plan.name)
     if mode == modes.BLOCKING:
         _wait_for_call(plan, outs)
-    else:
-        _track(outs)
-    n_new = prog.n_outputs
-    for slot, buf in zip(prog.updates, outs[n_new:]):
-        call.cells[slot].set(buf)
-    return wrap_outputs(plan, values, prog.outputs, prog.out_tree, outs)
+    return wrap_outputs(plan, values, prog.outputs, prog.out_tree, write_back(prog.storage, call.cells, outs))
 
 
 _CAT = torch.ops.aten.cat.default
 
 
 def _int_operand(n: int) -> Any:
-    return _device_scalar(n, int)
+    return device_scalar(n, int)
 
 
 def _report(plan: OpPlan) -> None:
@@ -311,14 +279,6 @@ def _wait_for_call(plan: OpPlan, outs: list[Any]) -> None:
     checks.raise_pending(blocking=True)
 
 
-def _track(outs: list[Any]) -> None:
-    _pending.extend(outs)
-    if len(_pending) > 256:
-        keep = [b for b in _pending[-64:] if not pjrt.Runtime.is_ready(b)]
-        _pending.clear()
-        _pending.extend(keep)
-
-
 def synchronize() -> None:
     """Run pending deferred work, wait for every enqueued program, surface async errors."""
     if not pjrt.started():
@@ -326,8 +286,7 @@ def synchronize() -> None:
     from . import deferred
 
     deferred.flush("synchronize")
-    bufs = [b for b in _pending if not b.is_deleted()]
-    _pending.clear()
+    bufs = take_pending()
     bufs.extend(deferred.recent_outputs())
     pjrt.get().block(bufs)
     checks.raise_pending()
@@ -350,54 +309,53 @@ def _resize_outs(plan: OpPlan, values: list[Any]) -> None:
 # --------------------------------------------------------------------------
 # building a program (cache miss)
 # --------------------------------------------------------------------------
-def lower_single(plan: OpPlan, values: list[Any], call: _Call) -> tuple[ProgramContext, Any]:
+def lower_single(plan: OpPlan, values: list[Any], call: _Call) -> tuple[ProgramBuilder, Any]:
     """Lower one call into a fresh program whose parameters are its storages and numbers."""
-    ctx = ProgramContext()
-    ctx.set_platform(pjrt.get())
-    b = ctx.b
-    bases = []
-    for cell in call.cells:
-        if cell.initialized:
-            bases.append(storage_param(b, cell.shape, cell.numel, cell.dtype))
-        else:  # never written: reads as zeros
-            bases.append(b.broadcast_in_dim(b.constant(0, cell.dtype), (cell.numel,), []))
-    scalars = scalar_params(b, call.scalar_types)
+    pb = ProgramBuilder()
+    bases = [pb.storage(slot, c.shape, c.numel, c.dtype, c.initialized) for slot, c in enumerate(call.cells)]
+    scalars = scalar_params(pb.b, call.scalar_types)
     if plan.random:
-        ctx.new_rng_param()
+        pb.ctx.new_rng_param()
     slots = {id(t): call.slot_of[id(cell_of(t))] for t in call.tensors}
-    return ctx, lower_op(ctx, plan, values, lambda t: slots[id(t)], bases, scalars)
+    return pb, lower_op(pb.ctx, plan, values, lambda t: slots[id(t)], bases, scalars)
 
 
-def _build(plan: OpPlan, values: list[Any], call: _Call) -> Program:
-    ctx, low = lower_single(plan, values, call)
-    b = ctx.b
-    outputs = low.outputs + [storage_result(b, v, call.cells[slot].shape) for slot, v in low.updates.items()]
-    outputs += [flag for flag, _ in ctx.checks]
-    text = b.module(outputs)
-    key, _ = cache.compile_keyed(text, f"{plan.name} {[tuple(t.shape) for t in call.tensors]}")
-    return Program(
-        key, low.specs, None if low.simple else low.out_tree, list(low.updates), text, len(b.params), [m for _, m in ctx.checks]
-    )
+def _build(plan: OpPlan, values: list[Any], call: _Call, donate: tuple[int, ...] = ()) -> Program:
+    pb, low = lower_single(plan, values, call)
+    updates = [(slot, v, call.cells[slot].shape) for slot, v in low.updates.items()]
+    what = f"{plan.name} {[tuple(t.shape) for t in call.tensors]}"
+    donate = [s for s in donate if s in low.updates and pb.has_param(s)]
+    return Program(pb.finish(low.outputs, updates, what, donate), low.specs, None if low.simple else low.out_tree)
+
+
+def _donatable(plan: OpPlan, values: list[Any], call: _Call) -> tuple[int, ...]:
+    """Slots of the storages this in-place (or out=) op rewrites whose buffer nothing else
+    holds: XLA then updates them in place. Without it, writing a slice of a large tensor
+    (``bucket[i:j].copy_(grad)``, a KV-cache update) copies the whole buffer."""
+    slots = []
+    for t in plan.mutated_tensors(values):
+        if not isinstance(t, torch.Tensor):
+            continue
+        cell = t.untyped_storage()._cell
+        buf = cell._buf
+        # references: the cell's, ``buf``'s and getrefcount's argument; any other holder (a
+        # storage sharing the buffer, a pending DeferAndFuse result) forbids donation
+        if buf is not None and cell.lazy is None and sys.getrefcount(buf) == 3:
+            slots.append(call.slot_of[id(cell)])
+    return tuple(slots)
 
 
 def registered_rule(op: torch._ops.OpOverload) -> bool:
     return op in registry.RULES
 
 
-_UTILITY: dict[tuple, Program] = {}
+_UTILITY = BoundedCache("internal programs")
 
 
 def run_utility(key: tuple, build: Any, inputs: list[Any]) -> list[Any]:
     """Run a small internal program (not an ATen op), built once per ``key``."""
     prog = _UTILITY.get(key)
     if prog is None:
-        from ..stablehlo.builder import Builder
-
-        b = Builder()
-        text = b.module(build(b))
-        ckey, _ = cache.compile_keyed(text, str(key[0]))
-        prog = _UTILITY[key] = Program(ckey, [], None, [], text, len(b.params), [])
-    outs = pjrt.get().execute(prog.executable(), inputs)
-    metrics.add("executions")
-    _track(outs)
-    return outs
+        pb = ProgramBuilder()
+        prog = _UTILITY[key] = pb.finish(build(pb.b), [], str(key[0]))
+    return execute(prog, inputs, str(key[0]))

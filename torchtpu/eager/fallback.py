@@ -37,7 +37,7 @@ def run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _run_on_cpu(op: Any, name: str, args: tuple, kwargs: dict) -> Any:
-    from ..tensor.minimal import from_cpu, to_cpu
+    from .minimal import from_cpu, to_cpu
 
     originals: dict[int, torch.Tensor] = {}
 

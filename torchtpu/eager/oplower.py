@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ..lowering.context import NodeLowering, ProgramContext, ScalarValue, lower_call
+from ..lowering.context import ProgramContext, ScalarValue, conform, lower_call
 from ..lowering.strided import apply_math_bits, flatten_for_strides, read_view, write_view
+from ..runner.program import OutputSpec
 from ..runtime import pjrt
 from ..stablehlo.builder import Builder, Value
 from .plan import KIND_SCALAR, KIND_SCALAR_LIST, KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
@@ -26,7 +27,6 @@ _SPECIAL_SCALARS = (0, 1, -1)
 
 RUNTIME_OFFSET = "offset"  # scalar_types entry of a view's storage offset passed at run time (int64)
 
-OutSpec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int]  # sizes, strides, dtype, numel
 
 
 def lifted(v: Any, lift: bool) -> bool:
@@ -68,7 +68,7 @@ class Lowered:
 
     def __init__(self) -> None:
         self.outputs: list[Value] = []  # flat storages of the new (non-mutated) results
-        self.specs: list[OutSpec | None] = []  # per flattened result; None for an absent one
+        self.specs: list[OutputSpec | None] = []  # per flattened result; None for an absent one
         self.out_tree: Any = None
         self.simple = True  # a flat list of plain tensors (no pytree rebuild needed)
         self.updates: dict[int, Value] = {}  # call slot -> new flat storage value, in order
@@ -128,17 +128,16 @@ def lower_op(
         if v is None or m is None:  # an optional output PyTorch also leaves out (e.g. no weight grad)
             out.specs.append(None)
             continue
-        flat, strides = flatten_for_strides(b, fix(ctx, v, m), m.stride())
+        flat, strides = flatten_for_strides(b, conform(ctx, v, m.dtype, tuple(m.shape)), m.stride())
         out.outputs.append(flat)
-        out.specs.append((tuple(m.shape), strides, m.dtype, flat.shape[0]))
+        out.specs.append(OutputSpec(tuple(m.shape), strides, m.dtype, flat.shape[0]))
 
     flat_mut, _ = tree_flatten(results[plan.n_plain :])
-    flat_mut_meta, _ = tree_flatten(list(out_meta[plan.n_plain :]))
-    for v, m, t in zip(flat_mut, flat_mut_meta, plan.mutated_tensors(values)):
+    for v, t in zip(flat_mut, plan.mutated_tensors(values)):
         if t is None or v is None:
             continue
         slot, sizes, strides, offset = geometry[id(t)]
-        v = fix(ctx, v, m, dtype=t.dtype, shape=tuple(t.shape))
+        v = conform(ctx, v, t.dtype, tuple(t.shape))
         if t.is_conj() or t.is_neg():
             v = apply_math_bits(b, v, t.is_conj(), t.is_neg())
         base = out.updates.get(slot, bases[slot])
@@ -155,15 +154,3 @@ def _scalar_list(b: Builder, param: Any, n: int) -> list[ScalarValue]:
         s = b.reshape(b.slice(param, [i], [i + 1]), ())
         out.append(ScalarValue(s.name, dtype, float))
     return out
-
-
-def fix(ctx: ProgramContext, v: Any, meta: torch.Tensor, dtype: torch.dtype | None = None, shape: tuple | None = None) -> Any:
-    """Make a rule's result exactly the dtype and shape PyTorch promised."""
-    L = NodeLowering(ctx, None, None)
-    dtype = dtype or meta.dtype
-    shape = shape if shape is not None else tuple(meta.shape)
-    if v.dtype != dtype:
-        v = L.to(v, dtype)
-    if v.shape != shape:
-        v = L.broadcast_to(v, shape)
-    return v

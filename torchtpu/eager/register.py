@@ -67,7 +67,7 @@ def _sparse_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def register_runtime_kernels() -> None:
-    from ..tensor.minimal import kernels
+    from .minimal import kernels
 
     lib = torch.library.Library("aten", "IMPL")
     for op, fn in kernels().items():
@@ -83,7 +83,7 @@ def register_runtime_kernels() -> None:
 
 
 def _make_kernel(op: torch._ops.OpOverload) -> Any:
-    from .checks import TpuAsyncError
+    from ..runner.checks import TpuAsyncError
     from .cpu_errors import raise_as_cpu
     from .dispatch import run
 
@@ -127,12 +127,12 @@ def supported_ops() -> list[torch._ops.OpOverload]:
     rule or a decomposition, and the dispatcher would not decompose it before us."""
     from ..lowering import registry
     from ..lowering.decomp import OWN, _pytorch_tables
-    from ..tensor.minimal import kernels
+    from .minimal import kernels
     from .plan import functional_variant
 
     registry._load_rules()
     core, full = _pytorch_tables()
-    from ..tensor.host_ops import kernels as host_kernels
+    from .host_ops import kernels as host_kernels
 
     runtime = set(kernels()) | set(host_kernels())
     supported_packets = {
@@ -225,7 +225,7 @@ def ensure_op_kernels() -> None:
             for name, fn in _REMAPS.items():
                 lib.impl(name, fn, "PrivateUse1")
                 REGISTERED_OPS.add(getattr(torch.ops.aten, name).default)
-            from ..tensor.host_ops import kernels as host_kernels
+            from .host_ops import kernels as host_kernels
 
             for op, fn in host_kernels().items():  # data-dependent shapes: sync with the host
                 lib.impl(op, fn, "PrivateUse1")

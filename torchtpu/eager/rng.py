@@ -31,12 +31,18 @@ def initial_seed() -> int:
 
 
 def next_state_buffer() -> object:
+    return reserve_state_buffer(1)
+
+
+def reserve_state_buffer(n: int) -> object:
+    """Reserve ``n`` consecutive states (a compiled graph's random ops, in order: the
+    states eager execution of the same ops would use); the buffer holds the first."""
     global _counter
     from ..runtime import pjrt
 
     with _lock:
         state = np.array([_seed, _counter], dtype=np.uint64)
-        _counter += 1
+        _counter += n
     return pjrt.get().put(state)
 
 

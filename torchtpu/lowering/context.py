@@ -54,13 +54,13 @@ class PlatformFacts(Protocol):
 class ProgramContext:
     """State shared by every node of one program."""
 
-    def __init__(self, builder: Builder | None = None, precision: str | None = None):
-        from ..device.matmul_precision import current
-
+    def __init__(self, builder: Builder | None = None, precision: str = "DEFAULT"):
         self.b = builder or Builder()
-        self.precision = precision or current()  # "DEFAULT" | "HIGH" | "HIGHEST" (dot and conv)
+        # "DEFAULT" | "HIGH" | "HIGHEST" for dot and conv: the program's builder passes the
+        # precision in effect (runner/precision.py), which is also part of its cache key
+        self.precision = precision
         self.rng_state: Value | None = None  # u64[2] threaded through random ops
-        self.checks: list[tuple[Value, str]] = []  # (any-true flag, message): see eager/checks.py
+        self.checks: list[tuple[Value, str]] = []  # (any-true flag, message): see runner/checks.py
         # platform capabilities: the cpu client's until the program's builder (eager/,
         # compile/) calls set_platform; rules read these and never ask the runtime
         self.platform = "cpu"
@@ -218,6 +218,17 @@ class NodeLowering:
     def lower(self, op: Any, *args: Any, **kwargs: Any) -> Any:
         """Lower another op inside this rule (its output shapes come from its meta kernel)."""
         return lower_call(self.ctx, op, args, kwargs, None)
+
+
+def conform(ctx: ProgramContext, v: Value, dtype: torch.dtype, shape: tuple[int, ...]) -> Value:
+    """``v`` as exactly the dtype and shape PyTorch promised for a result (a rule may
+    return a wider dtype, a broadcastable shape, or the same elements in more dims)."""
+    L = NodeLowering(ctx, None, None)
+    if v.dtype != dtype:
+        v = L.to(v, dtype)
+    if v.shape != shape:
+        v = L.broadcast_to(v, shape) if v.rank <= len(shape) else ctx.b.reshape(v, shape)
+    return v
 
 
 def broadcast_shapes(args: Sequence[Any]) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,7 @@ def _install_no_jax_finder() -> None:
 
 Buffer = Any  # jaxlib ArrayImpl; opaque outside this module
 Executable = Any
+ResultHandlers = Any  # from result_handlers(); opaque outside this module
 
 
 class Runtime:
@@ -162,6 +164,8 @@ class Runtime:
         key = (shape, dtype)
         aval = self._avals.get(key)
         if aval is None:
+            if len(self._avals) > 4096:  # one per shape ever put: bounded like every cache
+                self._avals.clear()
             aval = self._avals[key] = _Aval(shape, dtype)
         return aval
 
@@ -200,22 +204,34 @@ class Runtime:
         self._names[id(exe)] = name
         return exe
 
-    def execute(self, exe: Executable, args: list[Buffer]) -> list[Buffer]:
+    def result_handlers(self, types: Sequence[tuple[tuple[int, ...], np.dtype]]) -> ResultHandlers:
+        """What ``execute`` needs to wrap a program's results (one ``(shape, dtype)`` per
+        result) directly as buffers: about 15 µs less per call than letting the runtime
+        disassemble them, which is most of a small op's time."""
+        return [self._jax.array_result_handler(self._aval(shape, dtype), self._sharding, True, True) for shape, dtype in types]
+
+    def execute(self, exe: Executable, args: list[Buffer], handlers: ResultHandlers | None = None) -> list[Buffer]:
         """Enqueue one execution; returns the output buffers at once (asynchronous)."""
         if _PROFILER._is_profiler_enabled:
-            return self._execute_traced(exe, args)
+            return self._execute_traced(exe, args, handlers)
         try:
-            return exe.execute(args)
+            return self._run(exe, args, handlers)
         except self._jax.JaxRuntimeError as e:
             raise TpuRuntimeError(f"torchtpu: running a device program failed: {e}") from e
 
-    def _execute_traced(self, exe: Executable, args: list[Buffer]) -> list[Buffer]:
+    @staticmethod
+    def _run(exe: Executable, args: list[Buffer], handlers: ResultHandlers | None) -> list[Buffer]:
+        if handlers is None:
+            return exe.execute(args)
+        return exe.execute_sharded(args).consume_with_handlers(handlers)
+
+    def _execute_traced(self, exe: Executable, args: list[Buffer], handlers: ResultHandlers | None) -> list[Buffer]:
         """``execute`` under a profiler: a span for the enqueue and, with
         ``torchtpu.profiler.device_timing(True)``, one for waiting on the results."""
         name = self._names.get(id(exe), "program")
         with _spans.span("torchtpu::execute", program=name):
             try:
-                outs = exe.execute(args)
+                outs = self._run(exe, args, handlers)
             except self._jax.JaxRuntimeError as e:
                 raise TpuRuntimeError(f"torchtpu: running a device program failed: {e}") from e
         if _spans.device_timing:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ..eager import checks
+from ..runner import checks
 from . import expected_failures as xf
 from . import extremal
 from .observed import SampleFailure, judge

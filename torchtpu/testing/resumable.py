@@ -56,7 +56,7 @@ def _part(spec: str) -> tuple[int, int]:
 def run(part: str, rerun_failing: bool) -> int:
     import torch
 
-    from ..eager import checks
+    from ..runner import checks
 
     latest = _lines()
     if rerun_failing:

@@ -40,7 +40,7 @@ def _fill(L: NodeLowering, value: Any) -> Value:
 
 
 # empty* inside a program (a traced decomposition's scratch buffer) is zeros; eager
-# empty* are runtime kernels (tensor/minimal.py) that allocate without running anything
+# empty* are runtime kernels (eager/minimal.py) that allocate without running anything
 @register(
     aten.zeros.default,
     aten.zeros_like.default,

@@ -3,7 +3,7 @@ indexing (index.Tensor, index_put), index_add/fill/copy, masked_scatter, embeddi
 its backward, index_reduce.
 
 Every rule is a static program. Data-dependent shapes (bool-mask indexing, nonzero,
-masked_select) are handled by eager kernels in tensor/host_ops.py that sync the size to
+masked_select) are handled by eager kernels in eager/host_ops.py that sync the size to
 the host first; the one bool-mask case with a static result (``x[mask] = v``) is lowered
 here.
 """

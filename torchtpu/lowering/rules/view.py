@@ -4,7 +4,7 @@ as_strided, diagonal, unfold, split, cat, stack, flip, roll, pad, tril/triu, rep
 PyTorch's reference decompositions emit.
 
 Inside a program a view is just a new Value: rules see functional semantics. Views of
-device tensors in eager mode are metadata-only kernels (see tensor/minimal.py); these
+device tensors in eager mode are metadata-only kernels (see eager/minimal.py); these
 rules are what decomposition graphs and compiled graphs use.
 """
 

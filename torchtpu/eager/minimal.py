@@ -10,11 +10,11 @@ import numpy as np
 import torch
 
 from .. import _spans, metrics, op_report
-from ..eager import checks
 from ..lowering.strided import contiguous_strides, storage_extent, storage_param
+from ..runner import checks
 from ..runtime import pjrt
 from ..stablehlo.types import numpy_dtype
-from .storage import _CPU_KEYSET, Cell, _set_storage, attach, cell_of, new_tensor
+from ..tensor.storage import _CPU_KEYSET, Cell, _set_storage, attach, cell_of, new_tensor
 
 aten = torch.ops.aten
 _PROFILER = _spans.PROFILER  # torch's fast "a profiler records" flag: one test per transfer or sync
@@ -26,7 +26,7 @@ def _dtype(dtype: torch.dtype | None) -> torch.dtype:
 
 
 def _ensure_ops() -> None:
-    from ..eager.register import ensure_op_kernels
+    from .register import ensure_op_kernels
 
     ensure_op_kernels()
 
@@ -35,7 +35,7 @@ def _check_device(device: Any) -> None:
     if device is not None:
         index = torch.device(device).index
         if index not in (None, 0):
-            from ..device import one_device_error
+            from ..errors import one_device_error
 
             raise one_device_error(index)
 
@@ -107,7 +107,7 @@ def to_cpu(t: torch.Tensor, reason: str = "to_cpu", cause: str | None = None) ->
 def _to_cpu(t: torch.Tensor, reason: str) -> torch.Tensor:
     cell = cell_of(t)
     if cell.lazy is not None:
-        from ..eager import deferred
+        from . import deferred
 
         deferred.flush(reason)
     if _PROFILER._is_profiler_enabled:
@@ -220,7 +220,7 @@ def new_empty_strided(
 
 # -- copies ---------------------------------------------------------------------------
 def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    from ..eager import dispatch
+    from . import dispatch
 
     if dst.device.type != "tpu":  # device -> host
         dst.copy_(to_cpu(src))
@@ -258,7 +258,7 @@ def to_copy(
     non_blocking: bool = False,
     memory_format: Any = None,
 ) -> torch.Tensor:
-    from ..eager import dispatch
+    from . import dispatch
 
     preserve = memory_format is None or memory_format is torch.preserve_format
     if device is not None and torch.device(device).type == "cpu":
@@ -336,7 +336,7 @@ def resize_as_(x: torch.Tensor, template: torch.Tensor, memory_format: Any = Non
 def _grown(cell: Cell, numel: int) -> Cell:
     if cell.buf is None:
         return Cell(numel, cell.dtype)
-    from ..eager.dispatch import run_utility
+    from .dispatch import run_utility
 
     def build(b: Any) -> list:
         p = storage_param(b, cell.shape, cell.numel, cell.dtype)

@@ -71,10 +71,11 @@ def _warn_cost(p: Precision) -> None:
 
 def current() -> str:
     """The StableHLO precision name ("DEFAULT", "HIGH" or "HIGHEST") in effect on this thread."""
+    # called once per op: ``_value_`` is the plain attribute behind Enum's ``value`` property
     stack = getattr(_local, "stack", None)
     if stack:
-        return stack[-1].value
-    return (_user_global or Precision.DEFAULT).value
+        return stack[-1]._value_
+    return "DEFAULT" if _user_global is None else _user_global._value_
 
 
 @contextmanager

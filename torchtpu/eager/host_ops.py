@@ -22,7 +22,7 @@ _MASK_DTYPES = (torch.bool, torch.uint8)
 
 
 def _run(op: Any, args: tuple, kwargs: dict | None = None) -> Any:
-    from ..eager import dispatch
+    from . import dispatch
 
     return dispatch.run(op, args, kwargs or {})
 
@@ -69,7 +69,7 @@ def _expand_masks(x: torch.Tensor, indices: list[Any]) -> list[Any]:
 def _on_device(indices: Any) -> list[Any]:
     """Index tensors may live on the CPU, as for CUDA tensors ("indices should be either on
     cpu or on the same device as the indexed tensor"): move them to the device."""
-    from .storage import DEVICE
+    from ..tensor.storage import DEVICE
 
     return [i.to(DEVICE) if isinstance(i, torch.Tensor) and i.device.type == "cpu" else i for i in indices]
 

@@ -1,0 +1,85 @@
+"""Host memory stays flat when shapes keep changing: every program cache is bounded.
+
+A training loop whose shapes change every few steps makes new programs for ever. Each
+host-side cache keeps at most TORCHTPU_MAX_PROGRAMS entries and the executable cache
+TORCHTPU_MAX_EXECUTABLES; here both are lowered to 8 so that a short loop shows what a
+10,000-step loop would: after the caches fill, Python's traced memory stops growing.
+Unbounded, each phase of this loop keeps about 12 kB (five programs' text, keys and
+executables), so 16 phases would grow about 190 kB; the bound below is a quarter of that.
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import pytest
+import torch
+
+import torchtpu
+from torchtpu.compile.fx_lowering import GRAPHS
+from torchtpu.eager import deferred, dispatch
+from torchtpu.runtime import cache
+
+LIMIT = 8
+GROWTH_BOUND = 48_000  # bytes over the 16 measured phases
+
+
+@pytest.fixture
+def small_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHTPU_MAX_PROGRAMS", str(LIMIT))
+    monkeypatch.setenv("TORCHTPU_MAX_EXECUTABLES", str(LIMIT))
+    caches = (dispatch._CACHE, deferred._SPECS, deferred._GRAPHS)
+    for c in caches:  # what earlier tests left (a cache shrinks when something is added)
+        c.clear()
+    yield
+    for c in caches:
+        c.clear()
+
+
+def _phase(n: int) -> torch.Tensor:
+    """A few steps at a batch size of ``n``: five distinct programs per new ``n``."""
+    x = torch.ones(n, 4, device="tpu")
+    for _ in range(2):
+        x = (x * 3 + 1).sum(0, keepdim=True).expand(n, 4)
+    torch.tpu.synchronize()
+    return x
+
+
+def _traced_after(phases: range, mode: str) -> int:
+    with torchtpu.eager_mode(mode):
+        for n in phases:
+            out = _phase(n)
+            assert out[0, 0].item() == ((3 + 1) * n * 3 + 1) * n  # the values stay right as programs come and go
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0]
+
+
+@pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
+def test_changing_shapes_keep_host_memory_flat(small_caches: None, mode: str) -> None:
+    tracemalloc.start()
+    try:
+        warm = _traced_after(range(8, 16), mode)  # caches fill up
+        later = _traced_after(range(16, 32), mode)  # 16 more shapes, 80 more programs
+    finally:
+        tracemalloc.stop()
+    for c in (dispatch._CACHE, deferred._SPECS, deferred._GRAPHS, cache._memory):
+        assert len(c) <= LIMIT
+    assert later - warm < GROWTH_BOUND, f"host memory grew {later - warm} bytes over 16 new shapes"
+
+
+def test_a_compiled_graph_keeps_a_bounded_number_of_programs(small_caches: None) -> None:
+    fn = torch.compile(lambda x: x * 2 + 1, backend="tpu")  # sizes dynamic from the 2nd: exact-shape programs
+    for n in range(3, 3 + 2 * LIMIT):
+        x = torch.arange(n, dtype=torch.float32)
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), x * 2 + 1)
+    mine = [g for g in GRAPHS if any(k for k in g.programs)]
+    assert mine and all(len(g.programs) <= LIMIT for g in mine)
+
+
+def test_an_evicted_program_is_rebuilt_with_the_same_result(small_caches: None) -> None:
+    x = torch.arange(6, dtype=torch.float32, device="tpu")
+    first = (x * 5).cpu()
+    for n in range(1, 2 * LIMIT):  # push x * 5's program out of every cache
+        (torch.ones(n, device="tpu") * 5).cpu()
+    torch.testing.assert_close((x * 5).cpu(), first)

@@ -1,0 +1,208 @@
+"""Storage programs: the one way eager, DeferAndFuse and torch.compile build and run XLA programs.
+
+A storage program reads storage cells and Python numbers and writes storage cells:
+
+- **parameters**: one flat (or parameter-shaped) buffer per storage that holds a value,
+  then the device scalars, then whatever the path appends (an RNG state);
+- **results**: the new buffers the caller wraps as tensors, then one new buffer per
+  storage the program rewrites (``updates``), then one flag per device-side check.
+
+:class:`ProgramBuilder` writes one (the caller lowers its op, graph or FX graph between
+:meth:`~ProgramBuilder.storage` and :meth:`~ProgramBuilder.finish`); :func:`execute` runs
+one and hands the results back with the check flags taken and the rewritten storages
+swapped into their cells. Executables live in the bounded ``runtime/cache.py``; a
+program keeps its text to compile again if it was evicted.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Sequence
+from time import perf_counter
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from .. import metrics
+from ..lowering.context import ProgramContext
+from ..lowering.strided import storage_param, storage_result
+from ..runtime import cache, pjrt
+from ..stablehlo.builder import Value
+from ..stablehlo.types import numpy_dtype
+from . import checks
+from .bounded import BoundedCache
+from .precision import current as current_precision
+
+
+class OutputSpec(NamedTuple):
+    """How to wrap one new result buffer as a tensor."""
+
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: torch.dtype
+    numel: int
+
+
+class StorageProgram:
+    """A compiled storage program and the layout of its results."""
+
+    __slots__ = ("key", "text", "what", "n_results", "updates", "check_messages", "result_types", "_handlers")
+
+    def __init__(
+        self,
+        key: str,
+        text: str,
+        what: str,
+        n_results: int,
+        updates: tuple[int, ...],
+        check_messages: list,
+        result_types: list[tuple[tuple[int, ...], Any]],
+    ):
+        self.key = key  # the executable lives in runtime/cache.py (bounded): executable()
+        self.text = text
+        self.what = what
+        self.n_results = n_results  # new buffers first...
+        self.updates = updates  # ...then one per rewritten storage slot, in this order...
+        self.check_messages = check_messages  # ...then one flag per device-side check
+        self.result_types = result_types  # (shape, numpy dtype) of every result
+        self._handlers: Any = None
+
+    def executable(self) -> Any:
+        return cache.fetch(self.key, self.text, f"{self.what} (evicted from the executable cache)")
+
+    def handlers(self) -> Any:
+        """How the runtime wraps this program's results (made on the first run)."""
+        if self._handlers is None:
+            self._handlers = pjrt.get().result_handlers(self.result_types)
+        return self._handlers
+
+
+class ProgramBuilder:
+    """Builds one storage program: ``storage()`` per slot, lower, then ``finish()``."""
+
+    def __init__(self) -> None:
+        self.ctx = ProgramContext(precision=current_precision())
+        self.ctx.set_platform(pjrt.get())
+        self.b = self.ctx.b
+        self._param_of: dict[int, int] = {}  # slot -> parameter index
+
+    def storage(self, slot: int, shape: tuple[int, ...], numel: int, dtype: torch.dtype, initialized: bool) -> Value:
+        """The flat value of storage ``slot``: a parameter, or zeros for a storage never
+        written (PyTorch's uninitialised memory; zeros keep programs deterministic)."""
+        if not initialized:
+            return self.b.broadcast_in_dim(self.b.constant(0, dtype), (numel,), [])
+        self._param_of[slot] = len(self.b.params)
+        return storage_param(self.b, shape, numel, dtype)
+
+    def finish(
+        self,
+        results: list[Value],
+        updates: Sequence[tuple[int, Value, tuple[int, ...]]],
+        what: str,
+        donate: Iterable[int] = (),
+    ) -> StorageProgram:
+        """Compile: ``results`` first, then each ``(slot, flat value, buffer shape)`` of
+        ``updates``. The old buffer of each slot in ``donate`` is given to XLA for its
+        update (``tf.aliasing_output``), so a rewritten storage does not double memory."""
+        outputs = list(results)
+        position = {slot: len(results) + k for k, (slot, _, _) in enumerate(updates)}
+        outputs += [storage_result(self.b, value, shape) for _, value, shape in updates]
+        for slot in donate:
+            self.b.set_param_attr(self._param_of[slot], f"tf.aliasing_output = {position[slot]} : i32")
+        outputs += [flag for flag, _ in self.ctx.checks]
+        text = self.b.module(outputs)
+        key, _ = cache.compile_keyed(text, what)
+        messages = [m for _, m in self.ctx.checks]
+        types = [(tuple(v.shape), numpy_dtype(v.dtype)) for v in outputs]
+        return StorageProgram(key, text, what, len(results), tuple(slot for slot, _, _ in updates), messages, types)
+
+    def has_param(self, slot: int) -> bool:
+        return slot in self._param_of
+
+
+class Blame(NamedTuple):
+    """Whom a failed device-side check is reported against."""
+
+    op: str
+    where: str  # the user's source line, or "" for the caller's current line
+
+
+def execute(program: StorageProgram, inputs: list[Any], blame: str | Sequence[Blame], tracked: bool = True) -> list[Any]:
+    """Run ``program`` on ``inputs`` asynchronously; its results without the check flags,
+    which are kept to be read at the user's next wait (``checks``), blamed on ``blame``:
+    an op name for every check, or one :class:`Blame` per check. ``tracked=False``: the
+    caller keeps the results for ``synchronize()`` itself (DeferAndFuse counts references
+    to them to decide donation)."""
+    t0 = perf_counter()
+    outs = pjrt.get().execute(program.executable(), inputs, program.handlers())
+    metrics.add("execute_seconds", perf_counter() - t0)
+    metrics.add("executions")
+    n = len(program.check_messages)
+    if n:
+        flags, outs = outs[-n:], outs[:-n]
+        if isinstance(blame, str):
+            checks.add(flags, blame, program.check_messages, checks.user_source_line())
+        else:
+            for flag, message, who in zip(flags, program.check_messages, blame):
+                checks.add([flag], who.op, [message], who.where or checks.user_source_line())
+    if tracked:
+        track(outs)
+    return outs
+
+
+def write_back(program: StorageProgram, cells: Sequence[Any], outs: list[Any]) -> list[Any]:
+    """Swap each rewritten storage's new buffer into its cell; the new results."""
+    n = program.n_results
+    for slot, buf in zip(program.updates, outs[n:]):
+        cells[slot].set(buf)
+    return outs[:n]
+
+
+# --------------------------------------------------------------------------
+# device scalars: Python numbers as program operands
+# --------------------------------------------------------------------------
+_scalars = BoundedCache("device scalars")
+
+
+def device_scalar(value: Any, pytype: type, dtype: Any = None) -> Any:
+    """A device buffer holding ``value`` (float64/complex128/int64 where the platform has
+    them, or ``dtype``), shared by every program that takes the same number."""
+    key = (pytype, value, dtype)
+    buf = _scalars.get(key)
+    if buf is None:
+        buf = _scalars[key] = pjrt.get().put(np.asarray(value, dtype or _numpy_dtype(pytype)))
+    return buf
+
+
+def _numpy_dtype(pytype: type) -> Any:
+    f64 = pjrt.get().supports_f64
+    if pytype is float:
+        return np.float64 if f64 else np.float32
+    if pytype is complex:
+        return np.complex128 if f64 else np.complex64
+    return np.int64
+
+
+# --------------------------------------------------------------------------
+# what torch.tpu.synchronize() waits for
+# --------------------------------------------------------------------------
+# Weak references: a strong one would make every recent result look shared to the
+# donation checks (eager/dispatch.py), which count a buffer's references.
+_pending: list[weakref.ref] = []  # recent result buffers
+
+
+def track(outs: list[Any]) -> None:
+    """Remember recent results so that ``synchronize()`` can wait for them."""
+    _pending.extend(map(weakref.ref, outs))
+    if len(_pending) > 256:
+        keep = [r for r in _pending[-64:] if (b := r()) is not None and not pjrt.Runtime.is_ready(b)]
+        _pending.clear()
+        _pending.extend(keep)
+
+
+def take_pending() -> list[Any]:
+    """The tracked buffers still alive (and forget them)."""
+    bufs = [b for r in _pending if (b := r()) is not None and not b.is_deleted()]
+    _pending.clear()
+    return bufs
