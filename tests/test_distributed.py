@@ -230,3 +230,18 @@ def test_single_process_group_collectives(tmp_path: Path, defer: str) -> None:
     env = dict(os.environ, TORCHTPU_DEFER_AND_FUSE=defer)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert p.returncode == 0 and "OK tpu" in p.stdout, p.stdout + p.stderr[-3000:]
+
+
+# -- asynchronous work ----------------------------------------------------------------------------
+def assert_checks_ok(out: Path, nproc: int, count: int) -> None:
+    for r in range(nproc):
+        res = _read(out, f"rank{r}.json")
+        bad = {k: v for k, v in res.items() if v != "ok"}
+        assert not bad and len(res) == count, f"rank {r}: {bad}"
+
+
+def test_async_work_futures_and_ddp_comm_hook(tmp_path: Path) -> None:
+    """async_op=True, get_future(), ordering against synchronous collectives, coalescing
+    blocks, DDP with a Python comm hook (the host transport)."""
+    torchrun(SCRIPTS / "async_work.py", out=tmp_path)
+    assert_checks_ok(tmp_path, 2, 7)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import EXAMPLES, ROOT, SCRIPTS, _check_rc, _read, spawn
+from test_distributed import EXAMPLES, ROOT, SCRIPTS, _check_rc, _read, assert_checks_ok, spawn
 
 from torchtpu.distributed import xla_programs as P
 
@@ -106,6 +106,13 @@ def test_xla_collectives_2_processes(tmp_path: Path) -> None:
     uneven all_to_all, send/recv, DeviceMesh dimensions, subgroups and program caching."""
     _check_rc(spawn(SCRIPTS / "collectives_xla.py", out=tmp_path, timeout=300, **XLA))
     _assert_all_ok(tmp_path, 2)
+
+
+def test_xla_async_work_futures_and_ddp_comm_hook(tmp_path: Path) -> None:
+    """async_op=True enqueues the program and returns; wait() and get_future() follow its
+    result buffers (the same checks as the host transport's test)."""
+    _check_rc(spawn(SCRIPTS / "async_work.py", out=tmp_path, timeout=300, **XLA))
+    assert_checks_ok(tmp_path, 2, 7)
 
 
 @pytest.mark.slow

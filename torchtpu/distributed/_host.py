@@ -9,11 +9,13 @@ On other platforms ``to_numpy`` is a device-to-host copy and the same code is co
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from ..eager.minimal import to_cpu
+from ..eager.minimal import covers_storage, to_cpu
 from ..runtime import pjrt
 from ..stablehlo.types import numpy_dtype
 from ..tensor.storage import cell_of
@@ -59,6 +61,46 @@ def work_copy(t: torch.Tensor) -> torch.Tensor:
 
 def empty_like_host(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype)
+
+
+class Whole:
+    """A tpu tensor that is its storage's whole buffer, captured on the caller's thread so
+    that a background thread can read it and replace its buffer without the dispatcher
+    (the asynchronous host path)."""
+
+    __slots__ = ("cell", "buf")
+
+    def __init__(self, cell: Any, buf: Any) -> None:
+        self.cell, self.buf = cell, buf
+
+    def to_host(self) -> torch.Tensor:
+        """A writable flat CPU copy of the captured value (waits for the device)."""
+        rt = pjrt.get()
+        rt.block([self.buf])  # releases the GIL while the device finishes
+        arr = rt.to_numpy(self.buf).reshape(-1)
+        return _from_numpy(arr if arr.flags.writeable else arr.copy(), self.cell.dtype)
+
+    def store(self, host: torch.Tensor) -> None:
+        """Make ``host`` (flat, same dtype) the storage's new buffer: every alias sees it."""
+        arr = host.view(torch.int16).numpy() if host.dtype is torch.bfloat16 else host.numpy()
+        arr = arr.view(numpy_dtype(self.cell.dtype)).reshape(self.cell.shape)
+        self.cell.set(pjrt.get().put(arr))
+
+
+def capture_whole(tensors: Sequence[torch.Tensor]) -> list[Whole] | None:
+    """Each tensor's buffer, when every one is a tpu tensor covering its whole storage
+    with a value; None otherwise (the caller takes the synchronous path). Pending
+    DeferAndFuse work that produces them runs here, on the caller's thread."""
+    out = []
+    for t in tensors:
+        if not is_tpu(t) or not covers_storage(t):
+            return None
+        cell = cell_of(t)
+        buf = cell.buf
+        if buf is None:
+            return None
+        out.append(Whole(cell, buf))
+    return out
 
 
 def write_back(dst: torch.Tensor, host: torch.Tensor) -> None:

@@ -1,8 +1,9 @@
 """Stream and Event for ``torch.tpu``, as FSDP2 needs them (``device_handle.Stream``,
 ``Event``, ``current_stream``, ``stream``).
 
-A PjRT device runs one in-order queue, and our collectives are synchronous, so every
-stream is that queue: waits are no-ops, synchronize waits for the device. Installed on
+A PjRT device runs one in-order queue, so every stream is that queue: waits are no-ops,
+synchronize waits for the device. (The asynchronous collectives, all_reduce, complete
+through ``Work.wait()``, as c10d requires, not through stream order.) Installed on
 ``torch.tpu`` when a "tpu" process group is created, only where the device module does
 not define its own.
 """

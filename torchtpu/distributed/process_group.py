@@ -13,7 +13,10 @@ CPU tensors go straight to gloo). Each collective:
 3. turns transport failures (timeouts, dead peers) into ``DistributedError`` that name
    the collective, the group and the timeout.
 
-Collectives are synchronous: the returned ``Work`` is already complete.
+``all_reduce`` and ``all_reduce_coalesced`` (DDP's gradient buckets) are asynchronous:
+they return a ``Work`` at once, whose ``wait()`` / ``get_future()`` complete when the
+result is in the tensors (``_work.py``). The other collectives complete before they
+return, after the group's earlier asynchronous ones.
 """
 
 from __future__ import annotations
@@ -25,13 +28,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
-from torch.futures import Future
 
 from .. import config, metrics
 from ..errors import TpuError
 from ..runtime import pjrt, platforms
 from . import _fsdp, _streams
+from ._work import TpuWork, completed
 from .gloo_host import GlooHostTransport
 
 ReduceOp = dist.ReduceOp
@@ -51,12 +53,6 @@ _DESC_BYTES = 480
 
 class DistributedError(TpuError):
     """A collective failed: mismatched calls across ranks, a timeout or a dead peer."""
-
-
-def _done(result: Any) -> Any:
-    fut: Future = Future()
-    fut.set_result(result)
-    return _create_work_from_future(fut)
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -104,6 +100,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         self._rank, self._size, self._timeout = rank, size, timeout
         self._group_name = ""
         self._group_desc = ""
+        self._coalesced: list[TpuWork] | None = None
         kind = transport_kind()
         # Start the device now: DeviceMesh otherwise calls torch.tpu.set_device(LOCAL_RANK),
         # and every process drives exactly one device, tpu:0. The xla transport starts it
@@ -152,6 +149,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         transport errors turned into messages that say what happened."""
         metrics.add("collectives")
         try:
+            self._t.drain()  # the group's earlier asynchronous collectives come first
             if desc is not None and config.flag("TORCHTPU_DIST_CHECK"):
                 self._check(name, desc)
             return fn()
@@ -159,6 +157,37 @@ class TpuProcessGroup(dist.ProcessGroup):
             raise
         except RuntimeError as e:
             raise self._failure(name, e) from e
+
+    def _start(self, name: str, desc: str, result: Any, start: Callable[[Any], Any], sync: Callable[[], Any]) -> TpuWork:
+        """An asynchronous collective: ``start(check)`` begins it and returns what its work
+        waits on, or None when it cannot run asynchronously (then ``sync`` runs it here).
+        ``check`` is the cross-rank check, which the transport runs in call order."""
+        check = (lambda: self._check(name, desc)) if config.flag("TORCHTPU_DIST_CHECK") else None
+        try:
+            pending = start(check)
+        except DistributedError:
+            raise
+        except RuntimeError as e:
+            raise self._failure(name, e) from e
+        if pending is None:
+            self._run(name, desc, sync)
+            return self._done(result)
+        metrics.add("collectives")
+        return self._track(TpuWork(result, [pending], lambda e: self._translate(name, e)))
+
+    def _translate(self, name: str, e: BaseException) -> BaseException:
+        """A transport error as the ``DistributedError`` that names the collective."""
+        if isinstance(e, RuntimeError) and not isinstance(e, DistributedError):
+            return self._failure(name, e)
+        return e
+
+    def _done(self, result: Any) -> TpuWork:
+        return self._track(completed(result))
+
+    def _track(self, work: TpuWork) -> TpuWork:
+        if self._coalesced is not None:  # inside _coalescing_manager: its work waits for these
+            self._coalesced.append(work)
+        return work
 
     def _check(self, name: str, desc: str) -> None:
         """One tiny all_gather of a hash of ``name + desc``; on a mismatch, a second one of
@@ -198,71 +227,79 @@ class TpuProcessGroup(dist.ProcessGroup):
     # -- reductions ----------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllreduceOptions()
-        self._run("all_reduce", f"{_op_name(opts)} {_shapes(tensors)}", lambda: self._t.allreduce(tensors, opts))
-        return _done(tensors)
+        return self._start(
+            "all_reduce",
+            f"{_op_name(opts)} {_shapes(tensors)}",
+            tensors,
+            lambda check: self._t.allreduce_start(tensors, opts, check),
+            lambda: self._t.allreduce(tensors, opts),
+        )
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        self._run(
-            "all_reduce_coalesced", f"{_op_name(opts)} {_shapes(tensors)}", lambda: self._t.allreduce_coalesced(tensors, opts)
+        return self._start(
+            "all_reduce_coalesced",
+            f"{_op_name(opts)} {_shapes(tensors)}",
+            tensors,
+            lambda check: self._t.allreduce_start(tensors, opts, check, coalesced=True),
+            lambda: self._t.allreduce_coalesced(tensors, opts),
         )
-        return _done(tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         desc = f"{_op_name(opts)} root={opts.rootRank} {_shapes(tensors)}"
         self._run("reduce", desc, lambda: self._t.reduce(tensors, opts))
-        return _done(tensors)
+        return self._done(tensors)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         self._check_multiple("reduce_scatter_tensor", output, input)
         desc = f"{_op_name(opts)} {_shape(output)}"
         self._run("reduce_scatter_tensor", desc, lambda: self._t.reduce_scatter_tensor(output, input, opts))
-        return _done(output)
+        return self._done(output)
 
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         for o, i in zip(outputs, inputs):
             self._reduce_scatter_base(o, i, opts)
-        return _done(outputs)
+        return self._done(outputs)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         desc = f"{_op_name(opts)} {_shapes(outputs)}"
         self._run("reduce_scatter", desc, lambda: self._t.reduce_scatter(outputs, input_lists, opts))
-        return _done(outputs)
+        return self._done(outputs)
 
     # -- data movement ---------------------------------------------------------------------------
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.BroadcastOptions()
         self._run("broadcast", f"root={opts.rootRank} {_shapes(tensors)}", lambda: self._t.broadcast(tensors, opts))
-        return _done(tensors)
+        return self._done(tensors)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         self._check_multiple("all_gather_into_tensor", input, output)
         self._run("all_gather_into_tensor", _shape(input), lambda: self._t.allgather_into_tensor(output, input, opts))
-        return _done(output)
+        return self._done(output)
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         for o, i in zip(outputs, inputs):
             self._allgather_base(o, i, opts)
-        return _done(outputs)
+        return self._done(outputs)
 
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         self._run("all_gather", _shapes(inputs), lambda: self._t.allgather(output_lists, inputs, opts))
-        return _done(output_lists)
+        return self._done(output_lists)
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         for outs, i in zip(output_lists, inputs):
             self._run("all_gather_coalesced", _shape(i), lambda outs=outs, i=i: self._t.allgather([outs], [i], opts))
-        return _done(output_lists)
+        return self._done(output_lists)
 
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
         self._run("gather", f"root={opts.rootRank} {_shapes(inputs)}", lambda: self._t.gather(output_lists, inputs, opts))
-        return _done(output_lists)
+        return self._done(output_lists)
 
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any) -> Any:
         self._run("scatter", f"root={opts.rootRank} {_shapes(outputs)}", lambda: self._t.scatter(outputs, input_lists, opts))
-        return _done(outputs)
+        return self._done(outputs)
 
     def alltoall_base(
         self, output: torch.Tensor, input: torch.Tensor, out_splits: list[int], in_splits: list[int], opts: Any = None
@@ -270,17 +307,17 @@ class TpuProcessGroup(dist.ProcessGroup):
         # uneven splits legitimately differ per rank: only the dtype and trailing dims must agree
         desc = f"{str(input.dtype).removeprefix('torch.')}{list(input.shape[1:])}" if (out_splits or in_splits) else _shape(input)
         self._run("all_to_all_single", desc, lambda: self._t.alltoall_base(output, input, out_splits, in_splits, opts))
-        return _done(output)
+        return self._done(output)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         desc = f"{len(inputs)} tensors of {str(inputs[0].dtype).removeprefix('torch.')}" if inputs else "0 tensors"
         self._run("all_to_all", desc, lambda: self._t.alltoall(outputs, inputs, opts))
-        return _done(outputs)
+        return self._done(outputs)
 
     def barrier(self, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.BarrierOptions()
         self._run("barrier", "", lambda: self._t.barrier(opts))
-        return _done(None)
+        return self._done(None)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         self._run("monitored_barrier", None, lambda: self._t.gloo.monitored_barrier(timeout, wait_all_ranks))
@@ -288,16 +325,16 @@ class TpuProcessGroup(dist.ProcessGroup):
     # -- point to point (no cross-rank check: the peers' calls are send and recv) ----------------
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
         self._run("send", None, lambda: self._t.send(tensors, dst, tag))
-        return _done(tensors)
+        return self._done(tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
         self._run("recv", None, lambda: self._t.recv(tensors, src, tag))
-        return _done(tensors)
+        return self._done(tensors)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
         src = self._run("recv", None, lambda: self._t.recv_anysource(tensors, tag))
-        work = _done(tensors)
-        work._torchtpu_source = src
+        work = self._done(tensors)
+        work.source_rank_value = src
         return work
 
     # -- the single-tensor names torch.distributed calls today -----------------------------------
@@ -318,12 +355,13 @@ class TpuProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
 
-    # Collectives run synchronously, so a coalescing block needs no bookkeeping.
+    # A coalescing block's work waits for the works of the collectives inside it.
     def _start_coalescing(self, device: Any) -> None:
-        return None
+        self._coalesced = []
 
     def _end_coalescing(self, device: Any) -> Any:
-        return _done(None)
+        works, self._coalesced = self._coalesced or [], None
+        return TpuWork(None, [p for w in works for p in w._pending], lambda e: self._translate("coalesced collectives", e))
 
     # -- lifetime ---------------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -10,6 +10,9 @@ TCP collectives (``TORCHTPU_COLLECTIVES=xla``).
 The transport also keeps a gloo group (the host transport) for what is not a device
 collective: the process group's cross-rank check, CPU tensors given to the group
 (``"cpu:gloo,tpu:tpu"``), ``monitored_barrier`` and the split sizes of an uneven all_to_all.
+
+``allreduce_start`` (every ``all_reduce``, DDP's buckets) enqueues the program and returns:
+the device runs collectives in launch order, and the work waits on the result buffers.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from ..stablehlo.types import numpy_dtype
 from ..tensor.storage import Cell, cell_of, new_tensor
 from . import xla_programs as P
 from ._host import is_tpu
-from .gloo_host import GlooHostTransport
+from ._work import Launched
+from .gloo_host import GlooHostTransport, attempt_prefix
 
 ReduceOp = dist.ReduceOp
 Shape = tuple[int, ...]
@@ -115,27 +119,35 @@ class XlaTransport:
                     f"distributed runtime); this group has {size} of {world} ranks. Use the tpu backend for the "
                     "default group: init_process_group('tpu')."
                 )
-            rdist.join(store, rank, size, timeout.total_seconds(), _store_host(store))
+            prefixed = dist.PrefixStore(attempt_prefix("torchtpu_xla"), store)
+            rdist.join(prefixed, rank, size, timeout.total_seconds(), _store_host(store))
 
     @property
     def gloo(self) -> Any:
         return self.host.gloo
 
+    def drain(self) -> None:
+        """Nothing to wait for: asynchronous collectives are programs already enqueued on the
+        device, in order; the host exchanges all run on the caller's thread."""
+        return None
+
     # -- the common path -------------------------------------------------------------------
-    def _run(self, key: tuple, build: Callable[[], str], args: Sequence[Any], what: str) -> list[Any]:
+    def _run(self, key: tuple, build: Callable[[], str], args: Sequence[Any], what: str, wait: bool = True) -> list[Any]:
         key = (*key, self.ranks)
         exe = _programs.get(key)
         if exe is None:
             exe = _programs[key] = rdist.compile_for_group(build(), self.ranks, what)
-        return rdist.run_for_group(exe, args)
+        return rdist.run_for_group(exe, args) if wait else rdist.launch_for_group(exe, args)
 
     def _on_host(self, *groups: Sequence[torch.Tensor]) -> bool:
         """CPU tensors go to the host transport (``"cpu:gloo,tpu:tpu"``)."""
         return any(not is_tpu(t) for g in groups for t in g)
 
-    def _reduce(self, tensors: list[torch.Tensor], op: str, write: bool = True) -> None:
-        """One program all-reduces every tensor of one dtype (coalesced)."""
+    def _reduce(self, tensors: list[torch.Tensor], op: str, write: bool = True, wait: bool = True) -> list[Any]:
+        """One program all-reduces every tensor of one dtype (coalesced); the output buffers
+        (not yet ready unless ``wait``)."""
         _flush()
+        launched: list[Any] = []
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for t in tensors:
             P.check_reduce(op, t.dtype)
@@ -148,10 +160,13 @@ class XlaTransport:
                 lambda shapes=shapes, dtype=dtype: P.all_reduce(shapes, dtype, op, self.size),
                 [a for a, _ in args],
                 "all_reduce",
+                wait,
             )
+            launched += outs
             if write:
                 for t, buf, s in zip(group, outs, shapes):
                     _store(t, buf, s)
+        return launched
 
     # -- reductions ---------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> None:
@@ -159,6 +174,22 @@ class XlaTransport:
             return self.host.allreduce(tensors, opts)
         for t in tensors:  # several tensors of the list are separate collectives, as in c10d
             self._reduce([t], _op(opts))
+
+    def allreduce_start(
+        self, tensors: list[torch.Tensor], opts: Any, check: Callable[[], None] | None, coalesced: bool = False
+    ) -> Launched | None:
+        """Enqueue the all_reduce program(s) and return at once: the tensors already hold
+        the (not yet ready) result buffers, and later device work on them runs after the
+        collective. None for CPU tensors (the caller runs them synchronously)."""
+        if self._on_host(tensors):
+            return None
+        if check is not None:  # a host exchange, on this thread like every other one
+            check()
+        op = _op(opts)
+        outs: list[Any] = []
+        for group in [tensors] if coalesced else [[t] for t in tensors]:
+            outs += self._reduce(group, op, wait=False)
+        return Launched(lambda: rdist.wait_for_group(outs), lambda: rdist.ready(outs), "all_reduce")
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> None:
         if self._on_host(tensors):

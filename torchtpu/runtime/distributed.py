@@ -10,7 +10,8 @@ The ONLY module (with ``pjrt.py``) that touches jaxlib for distributed work. Wha
   connects, and starts the PjRT client with ``distributed_client`` / ``node_id`` /
   ``num_nodes`` (and gloo TCP collectives on the cpu platform).
 - ``compile_for_group`` / ``run_for_group`` compile and run a program in replica mode over
-  the devices of a group of global ranks (replica ``i`` = the group's ``i``-th rank).
+  the devices of a group of global ranks (replica ``i`` = the group's ``i``-th rank);
+  ``launch_for_group`` / ``wait_for_group`` split the run for asynchronous collectives.
 
 Why the service lives in a helper process, not in rank 0: a client whose service is gone
 aborts its process (SIGABRT after the heartbeat timeout; jaxlib 0.10.2's
@@ -268,15 +269,41 @@ def compile_for_group(text: str, ranks: Sequence[int], what: str) -> pjrt.Execut
 def run_for_group(exe: pjrt.Executable, args: Sequence[pjrt.Buffer]) -> list[pjrt.Buffer]:
     """Run a group program with this rank's buffers and wait for it: a failure (dead
     peer, timeout) is raised here, where the caller can name the collective."""
+    outs = launch_for_group(exe, args)
+    wait_for_group(outs)
+    return outs
+
+
+def launch_for_group(exe: pjrt.Executable, args: Sequence[pjrt.Buffer]) -> list[pjrt.Buffer]:
+    """Enqueue a group program with this rank's buffers; its outputs at once. The device
+    runs programs with collectives in launch order, so every rank's collectives meet in
+    the order each rank launched them."""
     rt = pjrt.get()
     try:
         result = exe.execute_sharded(list(args))
         outs = [o[0] for o in result.disassemble_into_single_device_arrays()]
-        rt._jax.batched_block_until_ready(outs)
     except rt._jax.JaxRuntimeError as e:
         raise CollectiveError(f"torchtpu: a collective program failed: {_first_line(e)}") from e
     metrics.add("executions")
     return outs
+
+
+def wait_for_group(outs: Sequence[pjrt.Buffer]) -> None:
+    """Block until a launched group program's outputs are ready (the GIL is released);
+    raise ``CollectiveError`` if it failed (a dead peer, a timeout)."""
+    rt = pjrt.get()
+    try:
+        rt._jax.batched_block_until_ready(list(outs))
+    except rt._jax.JaxRuntimeError as e:
+        raise CollectiveError(f"torchtpu: a collective program failed: {_first_line(e)}") from e
+
+
+def ready(outs: Sequence[pjrt.Buffer]) -> bool:
+    """Whether a launched group program has finished (successfully or not)."""
+    try:
+        return all(pjrt.Runtime.is_ready(o) for o in outs)
+    except Exception:  # noqa: BLE001 - is_ready raises the program's error: it has finished
+        return True
 
 
 def zeros(shape: Sequence[int], dtype: np.dtype) -> pjrt.Buffer:

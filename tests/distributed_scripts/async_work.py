@@ -1,0 +1,138 @@
+"""Asynchronous collectives on the "tpu" group: ``async_op=True`` works, futures, ordering
+against synchronous collectives, coalescing blocks and DDP comm hooks.
+
+    torchrun --nproc-per-node=2 tests/distributed_scripts/async_work.py
+
+Writes {check: "ok" | error} per rank (TORCHTPU_COLLECTIVES picks the transport).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from _common import close, rank_world, report
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+SIZES = [1, 7, 1024, 100_000, 3]
+
+
+def _value(r: int, i: int, n: int) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.float32) * (r + 1) + i
+
+
+def _expected(world: int, i: int, n: int) -> torch.Tensor:
+    return sum(_value(r, i, n) for r in range(world))
+
+
+def many_in_flight(rank: int, world: int) -> None:
+    """Several all_reduces in flight at once, waited in reverse order."""
+    ts = [_value(rank, i, n).to("tpu") for i, n in enumerate(SIZES)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for w in reversed(works):
+        assert w.wait() is True
+    for i, (t, n) in enumerate(zip(ts, SIZES)):
+        assert close(t, _expected(world, i, n)), (i, t.cpu()[:4])
+    assert all(w.is_completed() for w in works)
+
+
+def futures(rank: int, world: int) -> None:
+    """get_future() completes with the tensors; a chained callback sees the result."""
+    t = _value(rank, 0, 1000).to("tpu")
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    doubled = fut.then(lambda f: f.value()[0] * 2)
+    (res,) = fut.wait()
+    assert close(res, _expected(world, 0, 1000))
+    assert close(doubled.wait(), _expected(world, 0, 1000) * 2)
+
+
+def ordered_with_sync(rank: int, world: int) -> None:
+    """An async all_reduce, then synchronous collectives on the same tensor's peers: the
+    synchronous ones run after it, every rank pairs them the same way."""
+    a = _value(rank, 1, 5000).to("tpu")
+    work = dist.all_reduce(a, async_op=True)
+    b = torch.full((3,), float(rank), device="tpu")
+    dist.broadcast(b, src=world - 1)
+    c = _value(rank, 2, 10).to("tpu")
+    dist.all_reduce(c)
+    work.wait()
+    assert close(a, _expected(world, 1, 5000)) and close(c, _expected(world, 2, 10))
+    assert close(b, torch.full((3,), float(world - 1)))
+
+
+def views_and_cpu(rank: int, world: int) -> None:
+    """A view of a larger storage and a CPU tensor: still correct (they may run at once)."""
+    base = torch.zeros(4, 8, device="tpu") + rank
+    row = base[1]
+    work = dist.all_reduce(row, async_op=True)
+    work.wait()
+    expected = torch.zeros(4, 8) + rank
+    expected[1] = sum(range(world))
+    assert close(base, expected)
+
+
+def coalesced(rank: int, world: int) -> None:
+    ts = [_value(rank, i, n).to("tpu") for i, n in enumerate(SIZES)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for t in ts:
+            dist.all_reduce(t)
+    cm.wait()
+    for i, (t, n) in enumerate(zip(ts, SIZES)):
+        assert close(t, _expected(world, i, n)), i
+
+
+def all_reduce_coalesced(rank: int, world: int) -> None:
+    ts = [_value(rank, i, n).to("tpu") for i, n in enumerate(SIZES)]
+    dist.all_reduce_coalesced(ts, async_op=True).wait()
+    for i, (t, n) in enumerate(zip(ts, SIZES)):
+        assert close(t, _expected(world, i, n)), i
+    ints = [torch.arange(5, device="tpu") * (rank + 1), torch.full((2, 2), rank, device="tpu")]
+    dist.all_reduce_coalesced(ints, op=dist.ReduceOp.MAX, async_op=True).wait()
+    assert ints[0].cpu().tolist() == [v * world for v in range(5)] and ints[1].cpu().eq(world - 1).all()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+
+
+def ddp_hook(rank: int, world: int) -> None:
+    """DDP with Python's allreduce comm hook (futures) and small buckets: the gradients
+    equal the single-process full-batch gradients."""
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    ref = _model()
+    nn.functional.cross_entropy(ref(x), y).backward()
+    model = DDP(_model().to("tpu"), bucket_cap_mb=0.001)
+    model.register_comm_hook(None, default_hooks.allreduce_hook)
+    xs, ys = x.chunk(world)[rank].to("tpu"), y.chunk(world)[rank].to("tpu")
+    nn.functional.cross_entropy(model(xs), ys).backward()
+    for (name, p), q in zip(model.module.named_parameters(), ref.parameters()):
+        assert close(p.grad, q.grad), name
+
+
+CHECKS: dict[str, Callable[[int, int], None]] = {
+    f.__name__: f for f in (many_in_flight, futures, ordered_with_sync, views_and_cpu, coalesced, all_reduce_coalesced, ddp_hook)
+}
+
+
+def main() -> None:
+    dist.init_process_group("tpu")
+    rank, world = rank_world()
+    results = {}
+    for name, fn in CHECKS.items():
+        try:
+            fn(rank, world)
+            results[name] = "ok"
+        except Exception:  # noqa: BLE001 - reported per check
+            results[name] = traceback.format_exc()[-1500:]
+    report(results)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

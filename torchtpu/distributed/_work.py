@@ -1,0 +1,274 @@
+"""Asynchronous collectives: the ``Work`` the "tpu" process group returns, and the ordered
+background thread that runs a group's host-side communication.
+
+A collective returns at once with a :class:`TpuWork`; its ``wait()`` blocks until the
+result is in the tensors and raises the collective's ``DistributedError`` if it failed;
+``get_future()`` is a ``torch.futures.Future`` completed without the caller blocking (DDP's
+gradient buckets use it). What the work waits on is a *pending* object with ``wait()``,
+``done()`` and ``add_done_callback(cb)``:
+
+- the host transport: a :class:`Job` on the group's :class:`Worker` thread (copy to the
+  host, gloo, result back), so the caller keeps enqueuing device work meanwhile;
+- the xla transport: the collective's program is already enqueued on the device; the
+  pending object blocks on its result buffers.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch.distributed as dist
+from torch.futures import Future
+
+from .. import _spans
+
+
+class Pending(Protocol):
+    """What a work waits on."""
+
+    def wait(self) -> None: ...
+
+    def done(self) -> bool: ...
+
+    def add_done_callback(self, cb: Callable[[BaseException | None], None]) -> None: ...
+
+
+class Job:
+    """One function to run on a :class:`Worker`; ``wait()`` blocks until it ran and
+    re-raises what it raised."""
+
+    __slots__ = ("_fn", "_cv", "_done", "_error", "_callbacks")
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._fn = fn
+        self._cv = threading.Condition()
+        self._done = False
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[BaseException | None], None]] = []
+
+    def run(self) -> None:
+        try:
+            self._fn()
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+            self._error = e
+        self._fn = None  # drop the captured tensors and buffers now
+        with self._cv:
+            self._done = True
+            self._cv.notify_all()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self._error)
+
+    def wait(self) -> None:
+        with self._cv:
+            while not self._done:
+                self._cv.wait()
+        if self._error is not None:
+            raise self._error
+
+    def done(self) -> bool:
+        return self._done
+
+    def add_done_callback(self, cb: Callable[[BaseException | None], None]) -> None:
+        with self._cv:
+            if not self._done:
+                self._callbacks.append(cb)
+                return
+        cb(self._error)
+
+
+class Worker:
+    """One daemon thread that runs jobs in the order they were submitted. Each group's
+    host communication goes through one worker: gloo pairs a collective with its peers'
+    by the order in which they were issued, so it must be issued in program order."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._last: Job | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], None]) -> Job:
+        job = Job(fn)
+        with self._lock:  # submission order is run order, from any thread
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._last = job
+            self._queue.put(job)
+        return job
+
+    def idle(self) -> bool:
+        """Whether every job submitted so far has run."""
+        last = self._last
+        return last is None or last.done()
+
+    def drain(self) -> None:
+        """Wait until every job submitted so far has run (their errors belong to their
+        own works, not to the caller)."""
+        last = self._last
+        if last is None or last.done():
+            return
+        try:
+            last.wait()
+        except BaseException:  # noqa: BLE001 - reported by that job's work
+            pass
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread = None
+
+    def _loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            job.run()
+
+
+_completer = Worker("torchtpu-collective-completion")
+
+
+class Launched:
+    """A collective whose program is already enqueued on the device (the xla transport):
+    done when its result buffers are ready."""
+
+    __slots__ = ("_wait", "_ready", "_done", "_name")
+
+    def __init__(self, wait: Callable[[], None], ready: Callable[[], bool], name: str = "collective") -> None:
+        self._wait, self._ready, self._done, self._name = wait, ready, False, name
+
+    def wait(self) -> None:
+        self._wait()
+        self._done = True
+
+    def done(self) -> bool:
+        return self._done or self._ready()
+
+    def add_done_callback(self, cb: Callable[[BaseException | None], None]) -> None:
+        """Run ``cb`` once the buffers are ready, on a background thread (completions are
+        in launch order: the device runs collectives in that order)."""
+
+        def wait_then_call() -> None:
+            try:
+                # the span shows how long the collective stayed in flight after its launch
+                with _spans.maybe_span(f"torchtpu::collective ({self._name})", transport="xla"):
+                    self.wait()
+            except BaseException as e:  # noqa: BLE001 - handed to the callback
+                cb(e)
+                return
+            cb(None)
+
+        _completer.submit(wait_then_call)
+
+
+class _Failed:
+    """A failed collective's error, carried through a future's value."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _unwrap(fut: Future) -> Any:
+    value = fut.value()
+    if isinstance(value, _Failed):
+        raise value.error  # marks the chained future as failed (its wait() raises)
+    return value
+
+
+class TpuWork(dist.Work):
+    """The ``Work`` of one collective (or of a coalesced block of them).
+
+    ``pending`` is None for work that completed before it was returned. ``on_error`` turns
+    a transport error into the process group's ``DistributedError`` naming the collective."""
+
+    def __init__(
+        self,
+        result: Any,
+        pending: Sequence[Pending] = (),
+        on_error: Callable[[BaseException], BaseException] | None = None,
+    ) -> None:
+        super().__init__()
+        self._result = result
+        self._pending = list(pending)
+        self._on_error = on_error
+        self._future: Future | None = None
+        self._lock = threading.Lock()
+        self.source_rank_value = -1  # recv without src: the rank it came from
+
+    def _error(self, e: BaseException) -> BaseException:
+        return self._on_error(e) if self._on_error is not None else e
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until the result is in the tensors; raise if the collective failed.
+        (The transport's own timeout, the group's, applies; ``timeout`` is not used.)"""
+        for p in self._pending:
+            try:
+                p.wait()
+            except BaseException as e:
+                err = self._error(e)
+                if err is e:
+                    raise
+                raise err from e
+        return True
+
+    def is_completed(self) -> bool:
+        return all(p.done() for p in self._pending)
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> Any:
+        if not self.is_completed():
+            return None
+        try:
+            self.wait()
+        except BaseException as e:  # noqa: BLE001 - returned, as c10d's Work does
+            return e
+        return None
+
+    def result(self) -> Any:
+        return self._result if isinstance(self._result, list) else []
+
+    def _source_rank(self) -> int:
+        return self.source_rank_value
+
+    def get_future(self) -> Future:
+        """A future completed with the result (the tensors) once the collective is done,
+        without blocking the caller; it fails with the collective's error."""
+        with self._lock:
+            if self._future is None:
+                self._future = self._make_future()
+            return self._future
+
+    def _make_future(self) -> Future:
+        raw: Future = Future()
+        chained = raw.then(_unwrap)
+        left = [len(self._pending)]
+        first_error: list[BaseException] = []
+        count_lock = threading.Lock()
+
+        def one_done(err: BaseException | None) -> None:
+            with count_lock:
+                if err is not None and not first_error:
+                    first_error.append(self._error(err))
+                left[0] -= 1
+                if left[0]:
+                    return
+            raw.set_result(_Failed(first_error[0]) if first_error else self._result)
+
+        if not self._pending:
+            raw.set_result(self._result)
+        for p in self._pending:
+            p.add_done_callback(one_done)
+        return chained
+
+
+def completed(result: Any) -> TpuWork:
+    """The work of a collective that already finished."""
+    return TpuWork(result)
