@@ -14,16 +14,25 @@ Columns for the MLP:
   tpu compiled step    the whole step as ONE program: torch.func.grad_and_value + in-place SGD
                        update of the parameters (donated), torch.compile(fullgraph=True)
   tpu stock step       torch.compile(step) around zero_grad/backward/opt.step (several programs)
-  JAX jit              the same MLP step under jax.jit: bench_jax.py beside this file, run by
-                       JAX_PYTHON=path/to/python of a venv with jax==0.10.2 (skipped with a
-                       note if unset; JAX_BENCH=path picks another script). Same XLA as jaxlib 0.10.2.
+  JAX jit              the same MLP step under jax.jit: bench_jax.py beside this file, run by the
+                       python given by --jax-python or JAX_PYTHON, else by this interpreter when it
+                       can import jax (the project's ``[jax]`` extra installs jax==0.10.2), else
+                       skipped with a note. JAX_BENCH=path picks another script. Same XLA as jaxlib 0.10.2.
   CPU eager / inductor PyTorch on the host.
 
-Env: MLP_N, WARM, GPT_N, JAX_PYTHON, JAX_BENCH, SKIP_INDUCTOR=1, OUT=path.json
+Per-call overhead (a second table): for the one-program step and for the forward call of the
+compiled model (MLP and GPT), the host time of one call split into Dynamo's guard evaluation,
+the rest of Dynamo's and AOTAutograd's wrappers, and our runner (CompiledGraph.__call__, of
+which the PjRT execute call). Each call follows a synchronize, as in a training loop, so the
+caches are as cold as a real step leaves them (see docs/compile.md, "Per-call overhead").
+
+Env: MLP_N, WARM, GPT_N, OVERHEAD_N, JAX_PYTHON, JAX_BENCH, SKIP_INDUCTOR=1, OUT=path.json
+Options: --jax-python PATH (overrides JAX_PYTHON)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -31,6 +40,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("TORCHTPU_CACHE_DIR", "")  # cold compiles: no disk cache
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench_compile_inductor_"))
@@ -44,6 +55,7 @@ import torchtpu  # noqa: E402
 MLP_N = int(os.environ.get("MLP_N", 50))
 WARM = int(os.environ.get("WARM", 5))
 GPT_N = int(os.environ.get("GPT_N", 20))
+OVERHEAD_N = int(os.environ.get("OVERHEAD_N", 50))
 B, D, H, C = 64, 1024, 1024, 10
 LR = 0.01
 JAX_SCRIPT = os.environ.get("JAX_BENCH", os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_jax.py"))
@@ -100,8 +112,9 @@ def mlp_module_step(device: str, compile_backend: str | None) -> dict:
     return timed(step, device)
 
 
-def mlp_whole_step_functional() -> dict:
-    """One program per step: forward, backward and the SGD update (in place, donated)."""
+def functional_step(options: dict | None = None) -> tuple[Callable[[], torch.Tensor], Callable, dict]:
+    """The one-program step (forward, backward and the SGD update, in place and donated):
+    the call, the compiled function and its arguments by name (for the guard check)."""
     torch._dynamo.reset()
     model = make_mlp().to("tpu")
     params = {k: v.detach() for k, v in model.named_parameters()}
@@ -110,14 +123,19 @@ def mlp_whole_step_functional() -> dict:
     def loss_fn(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(torch.func.functional_call(model, p, (x,)), y)
 
-    @torch.compile(backend="tpu", fullgraph=True)
     def train_step(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         grads, loss = torch.func.grad_and_value(loss_fn)(p, x, y)
         for k in p:
             p[k].sub_(grads[k], alpha=LR)
         return loss
 
-    return timed(lambda: train_step(params, x, y), "tpu")
+    compiled = torch.compile(train_step, backend="tpu", fullgraph=True, options=options)
+    return (lambda: compiled(params, x, y)), train_step, {"p": params, "x": x, "y": y}
+
+
+def mlp_whole_step_functional() -> dict:
+    """One program per step: forward, backward and the SGD update (in place, donated)."""
+    return timed(functional_step()[0], "tpu")
 
 
 def mlp_whole_step_stock() -> dict:
@@ -138,10 +156,26 @@ def mlp_whole_step_stock() -> dict:
     return timed(train_step, "tpu")
 
 
-def jax_reference() -> dict:
-    python = os.environ.get("JAX_PYTHON")
+NO_JAX = "no jax in this python: pip install -e '.[jax]' (jax==0.10.2), or pass --jax-python / set JAX_PYTHON"
+
+
+def jax_python(option: str | None = None) -> str | None:
+    """The python that runs bench_jax.py: the option, JAX_PYTHON, or this interpreter when
+    ``import jax`` works in it (checked in a subprocess: torchtpu never imports jax)."""
+    chosen = option or os.environ.get("JAX_PYTHON")
+    if chosen:
+        return chosen
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import jax"], capture_output=True, timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sys.executable if probe.returncode == 0 else None
+
+
+def jax_reference(python: str | None) -> dict:
+    """bench_jax.py's MLP figures, run by ``python``; ``{"skipped": why}`` without one."""
     if not python:
-        return {"skipped": "set JAX_PYTHON to a python with jax==0.10.2 (python3 -m venv v && v/bin/pip install jax==0.10.2)"}
+        return {"skipped": NO_JAX}
     out = tempfile.mktemp(suffix=".json", prefix="bench_compile_jax_")
     env = dict(os.environ, OUT=out, MLP_N=str(MLP_N), WARM=str(WARM), ADD_N="20")
     try:
@@ -149,11 +183,11 @@ def jax_reference() -> dict:
         with open(out) as f:
             return json.load(f)["mlp_jit"]
     except (OSError, subprocess.SubprocessError, KeyError, ValueError) as e:
-        return {"skipped": f"JAX run failed: {type(e).__name__}: {str(e)[:300]}"}
+        return {"skipped": f"JAX run failed ({python}): {type(e).__name__}: {str(e)[:300]}"}
 
 
 # -- GPT -----------------------------------------------------------------------------------------
-def gpt_step(device: str, backend: str) -> dict:
+def gpt_setup(device: str, backend: str) -> tuple[nn.Module, Callable, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     from tests.test_compile_models import GPT
 
@@ -164,11 +198,19 @@ def gpt_step(device: str, backend: str) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, 256, (8, 65), generator=g)
-    x, y = idx[:, :-1].contiguous().to(device), idx[:, 1:].contiguous().to(device)
+    return model, fwd, opt, idx[:, :-1].contiguous().to(device), idx[:, 1:].contiguous().to(device)
+
+
+def gpt_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+def gpt_step(device: str, backend: str) -> dict:
+    _, fwd, opt, x, y = gpt_setup(device, backend)
 
     def step() -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(fwd(x).flatten(0, 1), y.flatten())
+        loss = gpt_loss(fwd(x), y)
         loss.backward()
         opt.step()
         return loss
@@ -176,7 +218,146 @@ def gpt_step(device: str, backend: str) -> dict:
     return timed(step, device, steps=GPT_N, warm=3)
 
 
+# -- per-call overhead: Dynamo's guards and AOTAutograd's wrappers against our runner ------------
+class RunnerClock:
+    """Host seconds spent inside torchtpu's CompiledGraph.__call__ and, within it, in the
+    runtime's execute, while the ``with`` block lasts (both wrapped; restored on exit)."""
+
+    def __init__(self) -> None:
+        self.runner = self.execute = 0.0
+        self.last = (0.0, 0.0, 0.0)  # the measured call: total, runner, execute
+
+    def reset(self) -> None:
+        self.runner = self.execute = 0.0
+
+    def __enter__(self) -> RunnerClock:
+        from torchtpu.compile.fx_lowering import CompiledGraph
+        from torchtpu.runtime import pjrt
+
+        self._cls, self._call = CompiledGraph, CompiledGraph.__call__
+        self._rt = pjrt.get()
+        self._exec = self._rt.execute
+        CompiledGraph.__call__ = self._timed(self._call, "runner")  # type: ignore[method-assign]
+        self._rt.execute = self._timed(self._exec, "execute")
+        return self
+
+    def _timed(self, fn: Callable, field: str) -> Callable:
+        def wrapper(*args: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                setattr(self, field, getattr(self, field) + time.perf_counter() - t0)
+
+        return wrapper
+
+    def __exit__(self, *exc: object) -> None:
+        self._cls.__call__ = self._call  # type: ignore[method-assign]
+        del self._rt.execute  # the instance attribute hid the method
+
+
+def guard_check(fn: Callable, args: dict) -> Callable[[], bool] | None:
+    """Dynamo's guard evaluation for the cache entry of ``fn``'s code that accepts a frame of
+    ``args`` (and ``fn``'s closure); a private debugging API: None if it is gone."""
+    code = fn.__code__
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+    f_locals = {**args, **cells}
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        for entry in _debug_get_cache_entry_list(code):
+            if entry.guard_manager.check(f_locals):
+                return lambda: entry.guard_manager.check(f_locals)
+    except Exception:  # noqa: BLE001 (a private API: absent means "not measured")
+        return None
+    return None
+
+
+def call_overhead(timed_call: Callable[[RunnerClock], float], guards: Callable[[], bool] | None) -> dict:
+    """Medians over OVERHEAD_N calls, each after a synchronize that ends a full step (the
+    caches as a training loop leaves them); the guards are timed alone after another step."""
+    rows, guard_s = [], []
+    with RunnerClock() as clock:
+        for _ in range(OVERHEAD_N):
+            timed_call(clock)
+            if guards is not None:
+                t0 = time.perf_counter()
+                guards()
+                guard_s.append(time.perf_counter() - t0)
+            timed_call(clock)  # this step's caches are cold again: measure it
+            rows.append(clock.last)
+    med = statistics.median
+    out = {
+        "call_s": med(r[0] for r in rows),
+        "outside_s": med(r[0] - r[1] for r in rows),
+        "runner_s": med(r[1] for r in rows),
+        "execute_s": med(r[2] for r in rows),
+    }
+    if guard_s:
+        out["guards_s"] = med(guard_s)
+    return out
+
+
+def _measured(clock: RunnerClock, call: Callable[[], Any]) -> Any:
+    clock.reset()
+    t0 = time.perf_counter()
+    result = call()
+    clock.last = (time.perf_counter() - t0, clock.runner, clock.execute)
+    return result
+
+
+def overhead_functional_step(options: dict | None = None) -> dict:
+    call, fn, args = functional_step(options)
+    for _ in range(WARM):
+        call()
+    sync("tpu")
+
+    def timed_call(clock: RunnerClock) -> None:
+        _measured(clock, call)
+        sync("tpu")
+
+    return call_overhead(timed_call, guard_check(fn, args))
+
+
+def overhead_forward(
+    model: nn.Module, fwd: Callable, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, loss: Callable
+) -> dict:
+    """The compiled model's forward call inside a full training step (eager loss and optimizer)."""
+
+    def timed_call(clock: RunnerClock) -> None:
+        opt.zero_grad(set_to_none=True)
+        out = _measured(clock, lambda: fwd(x))
+        loss(out, y).backward()
+        opt.step()
+        sync("tpu")
+
+    for _ in range(WARM):
+        timed_call(RunnerClock())
+    forward = type(model).forward
+    names = forward.__code__.co_varnames[: forward.__code__.co_argcount]
+    return call_overhead(timed_call, guard_check(forward, dict(zip(names, (model, x)))))
+
+
+def overheads() -> dict:
+    torch._dynamo.reset()
+    model = make_mlp().to("tpu")
+    mlp = (model, torch.compile(model, backend="tpu"), torch.optim.SGD(model.parameters(), lr=LR), *mlp_data("tpu"))
+    res = {
+        "mlp_compiled_step": overhead_functional_step(),
+        "mlp_compiled_step_tensor_guards": overhead_functional_step(
+            {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+        ),
+        "mlp_compiled_model_forward": overhead_forward(*mlp, F.cross_entropy),
+    }
+    if os.environ.get("SKIP_INDUCTOR") != "1":
+        res["gpt_compiled_model_forward"] = overhead_forward(*gpt_setup("tpu", "tpu"), gpt_loss)
+    return res
+
+
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--jax-python", help="python with jax==0.10.2 for the JAX column (default: $JAX_PYTHON, else this one)")
+    args = p.parse_args()
     res: dict = {"torch": torch.__version__, "threads": torch.get_num_threads(), "platform": torchtpu.platform()}
     torchtpu.metrics.reset()
     res["tpu_compiled_model"] = mlp_module_step("tpu", "tpu")
@@ -184,12 +365,13 @@ def main() -> None:
     m0 = torchtpu.metrics.snapshot()
     res["tpu_stock_step"] = mlp_whole_step_stock()
     res["tpu_metrics"] = m0
-    res["jax_jit"] = jax_reference()
+    res["jax_jit"] = jax_reference(jax_python(args.jax_python))
     res["cpu_eager"] = mlp_module_step("cpu", None)
     if os.environ.get("SKIP_INDUCTOR") != "1":
         res["cpu_inductor"] = mlp_module_step("cpu", "inductor")
         res["gpt_tpu_compiled"] = gpt_step("tpu", "tpu")
         res["gpt_cpu_inductor"] = gpt_step("cpu", "inductor")
+    res["overhead"] = overheads()
     report(res)
     if os.environ.get("OUT"):
         with open(os.environ["OUT"], "w") as f:
@@ -225,6 +407,31 @@ def report(res: dict) -> None:
         print(f"{'  first step':<28}{gt['first_step_s']:>9.3f} s{gc['first_step_s']:>12.3f} s")
     m = res["tpu_metrics"]
     print(f"tpu metrics (compiled model + compiled step runs): compiles={m['compiles']} executions={m['executions']}")
+    report_overhead(res["overhead"])
+
+
+OVERHEAD_ROWS = (
+    ("mlp_compiled_step", "MLP compiled step (1 prog)"),
+    ("mlp_compiled_step_tensor_guards", "  same, tensor guards only"),
+    ("mlp_compiled_model_forward", "MLP compiled model, fwd"),
+    ("gpt_compiled_model_forward", "GPT compiled model, fwd"),
+)
+
+
+def report_overhead(res: dict) -> None:
+    """One line per workload: where the host time of one compiled call goes (medians, us)."""
+    print(f"per-call host time after a sync, medians of {OVERHEAD_N} (us): outside = Dynamo guards + Dynamo/AOT wrappers")
+    print(f"{'call':<28}{'total':>8}{'outside':>9}{'guards':>8}{'runner':>8}{'execute':>9}{'outside/runner':>16}")
+    for key, name in OVERHEAD_ROWS:
+        r = res.get(key)
+        if r is None:
+            continue
+        guards = f"{r['guards_s'] * 1e6:>8.0f}" if "guards_s" in r else f"{'-':>8}"
+        print(
+            f"{name:<28}{r['call_s'] * 1e6:>8.0f}{r['outside_s'] * 1e6:>9.0f}{guards}{r['runner_s'] * 1e6:>8.0f}"
+            f"{r['execute_s'] * 1e6:>9.0f}{r['outside_s'] / r['runner_s']:>16.2f}"
+        )
+    print("(the tensor-guards row passes options={'guard_filter_fn': torch.compiler.keep_tensor_guards_unsafe})")
 
 
 if __name__ == "__main__":

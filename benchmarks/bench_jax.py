@@ -1,10 +1,13 @@
 #!/usr/bin/env python
 """The JAX reference for bench_compile.py and bench_modes.py: the same workloads under jax.jit.
 
-jax is not a torchtpu dependency, so this script runs in an environment of its own:
+torchtpu never imports jax; this script runs in a process of its own, under the project's
+venv when it has the ``[jax]`` extra (``pip install -e '.[jax]'``, which ``make test`` does:
+jax==0.10.2), or under any python with jax==0.10.2 given to bench_compile.py / bench_modes.py
+by ``--jax-python`` or JAX_PYTHON:
 
-    python3 -m venv venv_jax && venv_jax/bin/pip install jax==0.10.2 jaxlib==0.10.2
-    JAX_PYTHON=venv_jax/bin/python python benchmarks/bench_modes.py   # runs this script
+    python benchmarks/bench_modes.py                              # finds jax in this venv
+    python benchmarks/bench_modes.py --jax-python venv_jax/bin/python
 
 or by itself: ``venv_jax/bin/python benchmarks/bench_jax.py`` (env ADD_N, MLP_N, WARM,
 MLP_H, OUT). jaxlib 0.10.2 is the XLA that torchtpu runs on, so its jit is the level

@@ -9,17 +9,22 @@ Rows:
   tpu eager            one cached program per op
   tpu DeferAndFuse     torchtpu.eager_mode("defer_and_fuse"), the stock training loop
   tpu compiled step    torch.compile(backend="tpu", fullgraph=True) of a functional step
-  JAX jit              the same step under jax.jit (bench_jax.py, run by JAX_PYTHON=python of a
-                       venv with jax==0.10.2; see bench_compile.py)
+  JAX jit              the same step under jax.jit (bench_jax.py, run by --jax-python, JAX_PYTHON,
+                       or this python when it can import jax; see bench_compile.py)
+  peer eager           the reference system (torch-tpu) in its default eager mode, DEFER_NEVER, and
+  peer DeferAndFuse    in its DEFER_AND_FUSE mode, on an XLA CPU PjRT plugin: peer_mlp.py run by
+                       --peer-python or PEER_PYTHON (skipped with a note when neither is given)
   CPU eager            PyTorch on the host
 First step: DeferAndFuse's first step in a fresh process, cold (empty TORCHTPU_CACHE_DIR) and
 warm (the same directory again: executables come from the disk cache).
 
-Env: MLP_N, WARM, JAX_PYTHON, JAX_BENCH, OUT=path.json
+Env: MLP_N, WARM, JAX_PYTHON, JAX_BENCH, PEER_PYTHON, OUT=path.json
+Options: --jax-python PATH, --peer-python PATH
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -32,6 +37,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_compile as bc  # noqa: E402
+import peer_mlp  # noqa: E402
 
 import torchtpu  # noqa: E402
 
@@ -83,12 +89,25 @@ def first_steps() -> dict:
     return out
 
 
+def peer_rows(python: str | None) -> dict:
+    """The reference system's two eager modes, in this table's units (or why they are absent)."""
+    peer = peer_mlp.peer_reference(python, add_n=20, mlp_n=bc.MLP_N, warm=bc.WARM)
+    if "skipped" in peer:
+        return {"peer_eager": peer, "peer_defer_and_fuse": {"skipped": "see above"}}
+    return {"peer_eager": peer["DEFER_NEVER"], "peer_defer_and_fuse": peer["DEFER_AND_FUSE"]}
+
+
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--jax-python", help="python with jax==0.10.2 (default: $JAX_PYTHON, else this one if it has jax)")
+    p.add_argument("--peer-python", help="python of the reference system's venv (default: $PEER_PYTHON)")
+    args = p.parse_args()
     res = {"torch": torch.__version__, "platform": torchtpu.platform(), "threads": torch.get_num_threads()}
-    jax = bc.jax_reference()
+    jax = bc.jax_reference(bc.jax_python(args.jax_python))
     if "step_ms" in jax:  # bench_jax.py's units
         jax = {**jax, "step_s": jax["step_ms"] / 1e3, "loss": jax.get("loss_last", float("nan"))}
     res["jax_jit"] = jax
+    res.update(peer_rows(peer_mlp.peer_python(args.peer_python)))
     res["eager"] = stock_step("eager")
     res["defer_and_fuse"] = stock_step("defer_and_fuse")
     res["compiled_step"] = bc.mlp_whole_step_functional()
@@ -111,6 +130,8 @@ def report(res: dict) -> None:
         ("tpu eager", res["eager"]),
         ("tpu DeferAndFuse", res["defer_and_fuse"]),
         ("tpu compiled step", res["compiled_step"]),
+        ("peer eager", res["peer_eager"]),
+        ("peer DeferAndFuse", res["peer_defer_and_fuse"]),
         ("CPU eager", res["cpu_eager"]),
     ]
     for name, r in rows:
@@ -121,6 +142,9 @@ def report(res: dict) -> None:
         print(
             f"{name:<22}{r['step_s'] * 1e3:>8.2f} ms{vs_jax:>12}{r['step_s'] / cpu:>14.2f}{r['first_step_s']:>10.2f} s{r['loss']:>9.4f}"
         )
+    for ours, theirs in (("eager", "peer_eager"), ("defer_and_fuse", "peer_defer_and_fuse")):
+        if "step_s" in res[theirs]:
+            print(f"tpu {ours} / reference system's {ours}: {res[ours]['step_s'] / res[theirs]['step_s']:.2f}")
     d = res["defer_and_fuse"]
     print(f"DeferAndFuse over the run: compiles={d['compiles']} executions={d['executions']} flushes={d['flushes_by_reason']}")
     for label, r in res["first_step"].items():
