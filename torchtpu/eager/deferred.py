@@ -35,7 +35,7 @@ from ..runner.bounded import BoundedCache
 from ..runner.program import Blame, ProgramBuilder, StorageProgram, execute
 from ..tensor.storage import Cell, new_tensor
 from . import growth, rng, validate
-from .oplower import RUNTIME_OFFSET, lower_op, scalar_params
+from .oplower import RUNTIME_OFFSET, lower_op, lower_single, scalar_params
 from .plan import KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
 
 MAX_NODES = 4096  # flush before a graph grows past this many ops
@@ -224,8 +224,6 @@ def _spec(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> _Spec:
     """Output specs and rewritten slots of a call never seen before, by lowering it once
     on its own (not compiled): this also raises NotImplementedError at the op itself,
     and learns whether its program reports device-side checks."""
-    from .dispatch import lower_single
-
     validate.check(plan, values)  # the CPU's metadata checks, once per op key
     pb, low = lower_single(plan, values, call)
     if pb.ctx.checks:

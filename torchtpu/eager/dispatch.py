@@ -31,7 +31,7 @@ from ..runtime import pjrt
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, new_tensor
 from . import growth, modes, rng, validate
-from .oplower import RUNTIME_OFFSET, lifted, lower_op, scalar_params
+from .oplower import RUNTIME_OFFSET, lifted, lower_single
 from .plan import (
     KIND_SCALAR,
     KIND_SCALAR_LIST,
@@ -309,17 +309,6 @@ def _resize_outs(plan: OpPlan, values: list[Any]) -> None:
 # --------------------------------------------------------------------------
 # building a program (cache miss)
 # --------------------------------------------------------------------------
-def lower_single(plan: OpPlan, values: list[Any], call: _Call) -> tuple[ProgramBuilder, Any]:
-    """Lower one call into a fresh program whose parameters are its storages and numbers."""
-    pb = ProgramBuilder()
-    bases = [pb.storage(slot, c.shape, c.numel, c.dtype, c.initialized) for slot, c in enumerate(call.cells)]
-    scalars = scalar_params(pb.b, call.scalar_types)
-    if plan.random:
-        pb.ctx.new_rng_param()
-    slots = {id(t): call.slot_of[id(cell_of(t))] for t in call.tensors}
-    return pb, lower_op(pb.ctx, plan, values, lambda t: slots[id(t)], bases, scalars)
-
-
 def _build(plan: OpPlan, values: list[Any], call: _Call, donate: tuple[int, ...] = ()) -> Program:
     pb, low = lower_single(plan, values, call)
     updates = [(slot, v, call.cells[slot].shape) for slot, v in low.updates.items()]

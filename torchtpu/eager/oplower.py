@@ -18,9 +18,10 @@ from torch.utils._pytree import tree_flatten
 
 from ..lowering.context import ProgramContext, ScalarValue, conform, lower_call
 from ..lowering.strided import apply_math_bits, flatten_for_strides, read_view, write_view
-from ..runner.program import OutputSpec
+from ..runner.program import OutputSpec, ProgramBuilder
 from ..runtime import pjrt
 from ..stablehlo.builder import Builder, Value
+from ..tensor.storage import cell_of
 from .plan import KIND_SCALAR, KIND_SCALAR_LIST, KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
 
 _SPECIAL_SCALARS = (0, 1, -1)
@@ -154,3 +155,14 @@ def _scalar_list(b: Builder, param: Any, n: int) -> list[ScalarValue]:
         s = b.reshape(b.slice(param, [i], [i + 1]), ())
         out.append(ScalarValue(s.name, dtype, float))
     return out
+
+
+def lower_single(plan: OpPlan, values: list[Any], call: Any) -> tuple[ProgramBuilder, Any]:
+    """Lower one call into a fresh program whose parameters are its storages and numbers."""
+    pb = ProgramBuilder()
+    bases = [pb.storage(slot, c.shape, c.numel, c.dtype, c.initialized) for slot, c in enumerate(call.cells)]
+    scalars = scalar_params(pb.b, call.scalar_types)
+    if plan.random:
+        pb.ctx.new_rng_param()
+    slots = {id(t): call.slot_of[id(cell_of(t))] for t in call.tensors}
+    return pb, lower_op(pb.ctx, plan, values, lambda t: slots[id(t)], bases, scalars)
