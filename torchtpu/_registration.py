@@ -181,7 +181,7 @@ def register_device() -> None:
     _patch_storage_clone()
     _patch_storage_pickle()
     _patch_storage_constructor()
-    from .tensor import sharing
+    from .eager import sharing
 
     sharing.install()  # torch.multiprocessing / DataLoader workers: tpu tensors travel as bytes
     from .runner.precision import install_torch_hook
