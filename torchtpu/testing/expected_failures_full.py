@@ -3218,14 +3218,8 @@ OBSERVED: dict[Key, Entry] = {
         "mismatch", (2, 8, 9), max_abs=0.00011444091796875, max_rel=0.00024378352023403217
     ),
     ("nn.functional.cross_entropy", "bfloat16", "grad"): Observed("mismatch", (15, 19), max_abs=0.125, max_rel=float("inf")),
-    ("nn.functional.embedding_bag", "bfloat16", "fwd"): Observed(
-        "mismatch", (9, 25, 38), max_abs=0.015625, max_rel=0.05228758169934641
-    ),
     ("nn.functional.embedding_bag", "bfloat16", "grad"): Observed(
         "mismatch", (19,), max_abs=0.00390625, max_rel=0.021052631578947368
-    ),
-    ("nn.functional.embedding_bag", "float16", "fwd"): Observed(
-        "mismatch", (9, 22, 35), max_abs=0.001953125, max_rel=0.0027247956403269754
     ),
     ("nn.functional.grid_sample", "bfloat16", "fwd"): Observed(
         "missing",
@@ -3366,10 +3360,6 @@ OBSERVED: dict[Key, Entry] = {
         max_rel=float("inf"),
     ),
     ("nn.functional.normalize", "bfloat16", "grad"): Observed("mismatch", (2, 3), max_abs=0.5, max_rel=float("inf")),
-    ("nn.functional.pad.reflect", "bfloat16", "grad"): Observed("mismatch", (10,), max_abs=0.0625, max_rel=0.041666666666666664),
-    ("nn.functional.pad.reflect", "float16", "grad"): Observed(
-        "mismatch", (9, 10), max_abs=0.0078125, max_rel=0.006389776357827476
-    ),
     ("nn.functional.silu.complex", "complex128", "extremal"): Observed(
         "mismatch", (3, 4), max_abs=float("inf"), max_rel=float("inf")
     ),

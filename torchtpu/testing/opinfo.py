@@ -227,7 +227,8 @@ def _to_float64(t: Any) -> Any:
     if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
         return t
     wide = torch.complex128 if t.is_complex() else torch.float64
-    return t.detach().to(wide).requires_grad_(t.requires_grad)
+    # a copy even when t is float64 already: the CPU run may write its inputs afterwards
+    return t.detach().to(wide, copy=True).requires_grad_(t.requires_grad)
 
 
 def _device_arg(v: Any) -> Any:
@@ -289,10 +290,14 @@ def _forward(op: Any, sample: Any) -> Any:
 
 def _run_fwd(op: Any, sample: Any) -> Outputs:
     tpu = _on_tpu(sample, op)
+    # the float64 inputs are taken before the CPU runs: an op may write its inputs
+    # (embedding's max_norm renormalises the weight in place), and the reference must
+    # start from what tpu and the CPU were given
+    wide = sample.transform(_to_float64)
     expected = _cpu(lambda: _forward(op, sample))
     actual = _forward(op, tpu)
     _check_devices(actual)
-    return Outputs(actual, expected, lambda: _forward(op, sample.transform(_to_float64)))
+    return Outputs(actual, expected, lambda: _forward(op, wide))
 
 
 def _ints_to_float64(t: Any) -> Any:
@@ -306,9 +311,10 @@ def _run_extremal(op: Any, sample: Any) -> Outputs:
     The float64 reference of an elementwise op on integers (cosh of an int64 tensor is
     computed in float32) takes the integers as float64."""
     with extremal.cpu_flushing_like_xla(sample):
+        wide = sample.transform(_ints_to_float64)  # before the CPU run (see _run_fwd)
         out = _run_fwd(op, sample)
         try:
-            precise = _forward(op, sample.transform(_ints_to_float64))
+            precise = _forward(op, wide)
         except Exception:  # noqa: BLE001 - no float64 reference for this sample
             return Outputs(out.actual, out.expected, None)
     return Outputs(out.actual, out.expected, lambda: precise)
@@ -322,14 +328,16 @@ def _run_inplace(op: Any, sample: Any) -> Outputs:
         return fn(target, *s.args, **s.kwargs), target  # the result, and the write in the input
 
     tpu = _on_tpu(sample, op)
+    wide = sample.transform(_to_float64)  # before the CPU run (see _run_fwd)
     expected = _cpu(lambda: run(sample))
     actual = run(tpu)
     _check_devices(actual)
-    return Outputs(actual, expected, lambda: run(sample.transform(_to_float64)))
+    return Outputs(actual, expected, lambda: run(wide))
 
 
 def _run_out(op: Any, sample: Any) -> Outputs:
     tpu = _on_tpu(sample, op)
+    wide = sample.transform(_to_float64)  # before the CPU run (see _run_fwd)
     functional = _cpu(lambda: op(sample.input, *sample.args, **sample.kwargs))
     flat = tree_flatten(functional)[0]
     if not all(isinstance(t, torch.Tensor) for t in flat):
@@ -350,7 +358,7 @@ def _run_out(op: Any, sample: Any) -> Outputs:
     actual = run(tpu, TPU)
 
     def precise() -> Any:  # an out= result's float64 reference: the functional result in float64
-        return _forward(op, sample.transform(_to_float64))
+        return _forward(op, wide)
 
     return Outputs(actual, expected, precise)
 

@@ -2,6 +2,7 @@
 
     python -m torchtpu.testing.resumable run [--part I/N]   # append results, skip cases done
     python -m torchtpu.testing.resumable merge               # build/opinfo-full.json + a summary
+    python -m torchtpu.testing.resumable summary             # expected failures by reason, float64-refereed cases
 
 ``make test-ops`` runs every case in one go (hours on a 2-core machine). This runs the same
 cases (every op, dtype, mode and sample) one at a time and appends each result as a JSON
@@ -101,6 +102,40 @@ def merge() -> int:
     return 0
 
 
+def _reason_names() -> dict[str, str]:
+    """expected_failures' reason texts by their names (_TIES, ...), for the summary."""
+    from . import expected_failures as xf
+
+    return {v: k for k, v in vars(xf).items() if k.startswith("_") and isinstance(v, str)}
+
+
+def summary() -> int:
+    """The recorded cases by status, the expected failures by reason, and the cases whose
+    differing samples the float64 referee passed (written to build/opinfo-refereed.txt)."""
+    from . import expected_failures as xf
+
+    rows = list(_lines().values())
+    names = _reason_names()
+    print(f"{len(rows)} cases: {dict(collections.Counter(r['status'] for r in rows))}")
+    reasons = collections.Counter(
+        names.get(reason, "(combined) " + reason[:50])
+        for r in rows
+        if r["status"] == "xfail" and (reason := xf.lookup(xf.XFAIL, r["op_id"], r["dtype"], r["mode"]))
+    )
+    for name, n in reasons.most_common():
+        print(f"  {n:4d} xfail {name}")
+    refereed = sorted((r for r in rows if r["refereed"]), key=lambda r: r["case_id"])
+    path = os.path.join(BUILD, "opinfo-refereed.txt")
+    with open(path, "w") as f:
+        for r in refereed:
+            tpu, cpu = sum(x["tpu_f64"] for x in r["refereed"]), sum(x["cpu_f64"] for x in r["refereed"])
+            f.write(
+                f"{r['case_id']} [{r['status']}]: {len(r['refereed'])} sample(s), summed error against float64 tpu {tpu:.3g}, CPU {cpu:.3g}\n"
+            )
+    print(f"{path}: {len(refereed)} cases, {sum(len(r['refereed']) for r in refereed)} samples passed by the float64 referee")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchtpu.testing.resumable", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,9 +143,12 @@ def main(argv: list[str]) -> int:
     r.add_argument("--part", default="0/1", help="I/N: every N-th remaining case from the I-th")
     r.add_argument("--rerun-failing", action="store_true", help="run again the cases recorded as failing or xfail")
     sub.add_parser("merge", help="write build/opinfo-full.json from the recorded lines")
+    sub.add_parser("summary", help="expected failures by reason and the float64-refereed cases")
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args.part, args.rerun_failing)
+    if args.command == "summary":
+        return summary()
     return merge()
 
 

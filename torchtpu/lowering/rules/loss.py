@@ -87,6 +87,10 @@ def nll_loss_forward(
     loss = b.unary("negate", b.binary("multiply", picked, wt))
     tw_spec = L.out[1]
     total = reduce_sum(L, wt, list(range(wt.rank)), acc)
+    if reduction == NONE and x.rank >= 2:
+        # the CPU's batched kernel leaves total_weight at 0 when nothing is reduced (a 1-d
+        # input still reports its target's weight); the backward does not read it then
+        total = L.zeros((), acc)
     if reduction == NONE:
         return L.to(loss, L.out[0].dtype), L.to(L.b.reshape(total, tw_spec.shape), tw_spec.dtype)
     s = reduce_sum(L, loss, list(range(loss.rank)), acc)

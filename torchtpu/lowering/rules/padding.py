@@ -1,10 +1,14 @@
 """Padding-mode gradients PyTorch's decomposition tables lack.
 
-Forward constant/reflect/replicate padding and the reflect backward come from PyTorch's
-decompositions; circular padding is ``aten::_pad_circular`` (CompositeImplicit: the
-dispatcher decomposes it into slices and copies before we see it). Here:
+Forward constant/reflect/replicate padding comes from PyTorch's decompositions; circular
+padding is ``aten::_pad_circular`` (CompositeImplicit: the dispatcher decomposes it into
+slices and copies before we see it). Here:
 ``replication_pad{1,2,3}d_backward`` -- each input edge element collects the gradient of
-every output element that copied it, built from slices, one reduction and pads.
+every output element that copied it, built from slices, one reduction and pads;
+``reflection_pad{1,2,3}d_backward`` -- the centre, and the two edge runs reversed, added.
+Both add 16-bit gradients in float32 and round once, as the CPU's kernels do (PyTorch's
+reflect decomposition adds up to 2^d masked gathers in the 16-bit dtype, each rounding:
+float16 reflection_pad3d's gradient was 2 ulps off where the CPU's is correctly rounded).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ...stablehlo.builder import Value
+from ...stablehlo.builder import Value, i64_array
 from ..context import NodeLowering
 from ..registry import register
 
@@ -55,7 +59,9 @@ def _replicate_grad_dim(L: NodeLowering, g: Value, dim: int, n: int, lo: int, hi
     return out
 
 
-@register(aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default, aten.replication_pad3d_backward.default)
+@register(
+    aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default, aten.replication_pad3d_backward.default
+)
 def replication_pad_backward(L: NodeLowering, grad: Value, x: Value, padding: Sequence[int]) -> Value:
     g = grad
     acc = torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else g.dtype
@@ -63,4 +69,35 @@ def replication_pad_backward(L: NodeLowering, grad: Value, x: Value, padding: Se
     for i in range(len(padding) // 2):
         dim = x.rank - 1 - i
         g = _replicate_grad_dim(L, g, dim, x.shape[dim], int(padding[2 * i]), int(padding[2 * i + 1]))
+    return L.to(g, L.out[0].dtype)
+
+
+def _reverse(L: NodeLowering, x: Value, dim: int) -> Value:
+    return L.b.op1("stablehlo.reverse", [x], x.shape, x.dtype, f"dimensions = {i64_array([dim])}")
+
+
+def _reflect_grad_dim(L: NodeLowering, g: Value, dim: int, n: int, lo: int, hi: int) -> Value:
+    """Gradient of ``x[reflect(o - lo)]`` along ``dim`` (output size n + lo + hi), where
+    reflect(j) = -j for j < 0 and 2(n - 1) - j for j > n - 1. A negative pad crops."""
+    b = L.b
+    m = g.shape[dim]
+    start, stop = max(lo, 0), min(lo + n, m)
+    out = _pad_dim(L, _slice_dim(L, g, dim, start, stop), dim, max(0, -lo), max(0, -hi))
+    if lo > 0:  # outputs 0..lo-1 read x[lo], ..., x[1]
+        left = _reverse(L, _slice_dim(L, g, dim, 0, lo), dim)
+        out = b.binary("add", out, _pad_dim(L, left, dim, 1, n - 1 - lo))
+    if hi > 0:  # outputs lo+n..m-1 read x[n-2], ..., x[n-1-hi]
+        right = _reverse(L, _slice_dim(L, g, dim, lo + n, m), dim)
+        out = b.binary("add", out, _pad_dim(L, right, dim, n - 1 - hi, 1))
+    return out
+
+
+@register(aten.reflection_pad1d_backward.default, aten.reflection_pad2d_backward.default, aten.reflection_pad3d_backward.default)
+def reflection_pad_backward(L: NodeLowering, grad: Value, x: Value, padding: Sequence[int]) -> Value:
+    g = grad
+    acc = torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else g.dtype
+    g = L.to(g, acc)
+    for i in range(len(padding) // 2):
+        dim = x.rank - 1 - i
+        g = _reflect_grad_dim(L, g, dim, x.shape[dim], int(padding[2 * i]), int(padding[2 * i + 1]))
     return L.to(g, L.out[0].dtype)
