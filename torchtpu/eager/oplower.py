@@ -18,8 +18,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..lowering.context import ProgramContext, ScalarValue, conform, lower_call
 from ..lowering.strided import apply_math_bits, flatten_for_strides, read_view, write_view
-from ..runner.program import OutputSpec, ProgramBuilder
-from ..runtime import pjrt
+from ..runner.program import OutputSpec, ProgramBuilder, scalar_dtype
 from ..stablehlo.builder import Builder, Value
 from ..tensor.storage import cell_of
 from .plan import KIND_SCALAR, KIND_SCALAR_LIST, KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
@@ -37,15 +36,6 @@ def lifted(v: Any, lift: bool) -> bool:
     ``torch.full((batch,), cur_len >= max_length)``, would otherwise make a program per value."""
     tp = type(v)
     return lift and (tp is bool or ((tp is float or tp is int or tp is complex) and v not in _SPECIAL_SCALARS))
-
-
-def scalar_dtype(pytype: type) -> torch.dtype:
-    f64 = pjrt.get().supports_f64
-    if pytype is float:
-        return torch.float64 if f64 else torch.float32
-    if pytype is complex:
-        return torch.complex128 if f64 else torch.complex64
-    return torch.int64
 
 
 def scalar_params(b: Builder, scalar_types: list[type | str]) -> list[Any]:

@@ -171,17 +171,18 @@ def device_scalar(value: Any, pytype: type, dtype: Any = None) -> Any:
     key = (pytype, value, dtype)
     buf = _scalars.get(key)
     if buf is None:
-        buf = _scalars[key] = pjrt.get().put(np.asarray(value, dtype or _numpy_dtype(pytype)))
+        buf = _scalars[key] = pjrt.get().put(np.asarray(value, dtype or numpy_dtype(scalar_dtype(pytype))))
     return buf
 
 
-def _numpy_dtype(pytype: type) -> Any:
+def scalar_dtype(pytype: type) -> torch.dtype:
+    """The dtype a Python number is passed to programs in: 64-bit where the platform has it."""
     f64 = pjrt.get().supports_f64
     if pytype is float:
-        return np.float64 if f64 else np.float32
+        return torch.float64 if f64 else torch.float32
     if pytype is complex:
-        return np.complex128 if f64 else np.complex64
-    return np.int64
+        return torch.complex128 if f64 else torch.complex64
+    return torch.int64
 
 
 # --------------------------------------------------------------------------

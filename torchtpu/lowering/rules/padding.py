@@ -14,6 +14,7 @@ float16 reflection_pad3d's gradient was 2 ulps off where the CPU's is correctly 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -63,12 +64,17 @@ def _replicate_grad_dim(L: NodeLowering, g: Value, dim: int, n: int, lo: int, hi
     aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default, aten.replication_pad3d_backward.default
 )
 def replication_pad_backward(L: NodeLowering, grad: Value, x: Value, padding: Sequence[int]) -> Value:
-    g = grad
-    acc = torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else g.dtype
-    g = L.to(g, acc)
+    return _pad_backward(L, grad, x, padding, _replicate_grad_dim)
+
+
+def _pad_backward(L: NodeLowering, grad: Value, x: Value, padding: Sequence[int], grad_dim: Any) -> Value:
+    """A padding's gradient, one padded dim at a time (the last dim first, as ``padding``
+    lists them), summed in float32 for 16-bit gradients and rounded once."""
+    acc = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+    g = L.to(grad, acc)
     for i in range(len(padding) // 2):
         dim = x.rank - 1 - i
-        g = _replicate_grad_dim(L, g, dim, x.shape[dim], int(padding[2 * i]), int(padding[2 * i + 1]))
+        g = grad_dim(L, g, dim, x.shape[dim], int(padding[2 * i]), int(padding[2 * i + 1]))
     return L.to(g, L.out[0].dtype)
 
 
@@ -94,10 +100,4 @@ def _reflect_grad_dim(L: NodeLowering, g: Value, dim: int, n: int, lo: int, hi: 
 
 @register(aten.reflection_pad1d_backward.default, aten.reflection_pad2d_backward.default, aten.reflection_pad3d_backward.default)
 def reflection_pad_backward(L: NodeLowering, grad: Value, x: Value, padding: Sequence[int]) -> Value:
-    g = grad
-    acc = torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else g.dtype
-    g = L.to(g, acc)
-    for i in range(len(padding) // 2):
-        dim = x.rank - 1 - i
-        g = _reflect_grad_dim(L, g, dim, x.shape[dim], int(padding[2 * i]), int(padding[2 * i + 1]))
-    return L.to(g, L.out[0].dtype)
+    return _pad_backward(L, grad, x, padding, _reflect_grad_dim)
