@@ -108,6 +108,7 @@ def test_xla_collectives_2_processes(tmp_path: Path) -> None:
     _assert_all_ok(tmp_path, 2)
 
 
+@pytest.mark.slow  # make test runs the host transport's twin (tests/test_distributed.py)
 def test_xla_async_work_futures_and_ddp_comm_hook(tmp_path: Path) -> None:
     """async_op=True enqueues the program and returns; wait() and get_future() follow its
     result buffers (the same checks as the host transport's test)."""
