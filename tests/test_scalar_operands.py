@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from torch.testing import assert_close
 from utils import TPU
 
 import torchtpu
@@ -76,3 +77,17 @@ def test_a_host_flag_does_not_compile_a_program_per_value(mode: str) -> None:
         got_true = step(True).cpu()
         assert compiles() == before
     assert torch.equal(expected_false, B) and torch.equal(got_true, torch.ones(3, dtype=torch.bool))
+
+
+def test_negative_zero_is_not_positive_zero_in_the_program_cache() -> None:
+    """0.0 and -0.0 are equal as cache keys but not as values: x * -0.0 must not reuse
+    x * 0.0's program (its constant is baked in: 0 is never a runtime operand)."""
+    x = torch.tensor([1.0, -2.0, 3.0])
+    t = x.to("tpu")
+    for scalar in (0.0, -0.0, 0.0):
+        expected = x * scalar
+        got = (t * scalar).cpu()
+        assert_close(got, expected)
+        assert torch.equal(torch.signbit(got), torch.signbit(expected)), (scalar, got)
+    got = torch.zeros(2, device="tpu").add(-0.0, alpha=-1.0).cpu()
+    assert torch.equal(torch.signbit(got), torch.signbit(torch.zeros(2).add(-0.0, alpha=-1.0)))

@@ -13,6 +13,7 @@ under ``launch_blocking`` it waits for every program and raises at the failing c
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -69,8 +70,11 @@ def _freeze(v: Any) -> Any:
         return tuple(_freeze(x) for x in v)
     if isinstance(v, torch.Tensor):
         raise TypeError("unexpected tensor in a static argument")
-    if isinstance(v, float) and v != v:
-        return ("nan",)
+    if isinstance(v, float):
+        if v != v:
+            return ("nan",)
+        if v == 0.0 and math.copysign(1.0, v) < 0:  # -0.0 == 0.0: x * -0.0 would reuse x * 0.0's program
+            return ("-0.0",)
     return (type(v), v) if isinstance(v, (bool, int, float)) else v
 
 

@@ -16,6 +16,7 @@ program keeps its text to compile again if it was evicted.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Iterable, Sequence
 from time import perf_counter
@@ -169,6 +170,8 @@ def device_scalar(value: Any, pytype: type, dtype: Any = None) -> Any:
     """A device buffer holding ``value`` (float64/complex128/int64 where the platform has
     them, or ``dtype``), shared by every program that takes the same number."""
     key = (pytype, value, dtype)
+    if value == 0 and pytype is float and math.copysign(1.0, value) < 0:
+        key = (pytype, "-0.0", dtype)  # -0.0 == 0.0 as a key, but not as a value
     buf = _scalars.get(key)
     if buf is None:
         buf = _scalars[key] = pjrt.get().put(np.asarray(value, dtype or numpy_dtype(scalar_dtype(pytype))))
