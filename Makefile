@@ -14,8 +14,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/train_mlp.py
 
-# The default suite, in one worker process per core (pytest-xdist): about 12 minutes on
-# 2 cores, 20 in one process. TEST_JOBS=0 runs it in this process. pytest's exit code 5
+# The default suite, in one worker process per core (pytest-xdist): about 17 minutes on
+# 2 cores, more in one process. TEST_JOBS=0 runs it in this process. pytest's exit code 5
 # ("no tests collected") is turned into a failure.
 TEST_JOBS ?= auto
 test: $(STAMP)
