@@ -45,7 +45,6 @@ _epochs = itertools.count(1)
 _local = threading.local()
 _SPECS = BoundedCache("DeferAndFuse op specs")  # op key -> _Spec
 _GRAPHS = BoundedCache("DeferAndFuse graphs")  # graph key -> _Compiled
-_recent: list[Any] = []  # outputs of the latest flush, for synchronize()
 
 IN, ZEROS, NEW = "in", "zeros", "new"
 
@@ -253,10 +252,6 @@ def flush(reason: str = "explicit") -> None:
         _flush_graph(g, reason)
 
 
-def recent_outputs() -> list[Any]:
-    return [b for b in _recent if not b.is_deleted()]
-
-
 def pending_ops() -> int:
     g = getattr(_local, "graph", None)
     return 0 if g is None or g.flushed else len(g.nodes)
@@ -329,7 +324,7 @@ def _run_graph(g: Graph, reason: str) -> None:
         if cell is not None:
             cell._buf = None  # still counted: the program's output replaces it
     blame = [Blame(g.nodes[n].plan.name, g.nodes[n].where or "<unknown: run with TORCHTPU_LAUNCH_BLOCKING=1>") for n in compiled.blame_nodes]
-    outs = execute(compiled.program, g.inputs + g.operands, blame, tracked=False)
+    outs = execute(compiled.program, g.inputs + g.operands, blame)
     g.inputs = g.operands = []
     metrics.add("flushes")
     metrics.add(f"flushes_{reason}")
@@ -338,7 +333,6 @@ def _run_graph(g: Graph, reason: str) -> None:
         cell.lazy = None
         cell.gslot = None
         cell._set(buf)
-    _recent[:] = outs
     for ref in g.cells:  # storages read or written but not live: nothing pending any more
         cell = ref()
         if cell is not None and cell.lazy is g:
@@ -348,7 +342,6 @@ def _run_graph(g: Graph, reason: str) -> None:
 def _donatable(g: Graph, live: list[tuple[int, Cell]]) -> tuple[int, ...]:
     """Inputs the graph overwrites whose old buffer only the cell and this graph hold."""
     live_slots = {i for i, _ in live}
-    recent = {id(b) for b in _recent}
     out = []
     for i, idx in enumerate(g.input_slots):
         if idx not in live_slots or idx not in g.written:
@@ -356,9 +349,10 @@ def _donatable(g: Graph, live: list[tuple[int, Cell]]) -> tuple[int, ...]:
         cell = g.cells[idx]()
         if cell is None or cell._buf is not g.inputs[i]:
             continue
-        # references: g.inputs, cell._buf, getrefcount's argument (+ _recent); any other
-        # holder (another cell sharing the buffer, a user's handle) forbids donation
-        if sys.getrefcount(g.inputs[i]) == 3 + (id(g.inputs[i]) in recent):
+        # references: g.inputs, cell._buf, getrefcount's argument (synchronize() tracks
+        # results weakly); any other holder (another cell sharing the buffer, a user's
+        # handle) forbids donation
+        if sys.getrefcount(g.inputs[i]) == 3:
             out.append(i)
     return tuple(out)
 

@@ -291,7 +291,6 @@ def synchronize() -> None:
 
     deferred.flush("synchronize")
     bufs = take_pending()
-    bufs.extend(deferred.recent_outputs())
     pjrt.get().block(bufs)
     checks.raise_pending()
 

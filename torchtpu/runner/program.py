@@ -129,12 +129,10 @@ class Blame(NamedTuple):
     where: str  # the user's source line, or "" for the caller's current line
 
 
-def execute(program: StorageProgram, inputs: list[Any], blame: str | Sequence[Blame], tracked: bool = True) -> list[Any]:
+def execute(program: StorageProgram, inputs: list[Any], blame: str | Sequence[Blame]) -> list[Any]:
     """Run ``program`` on ``inputs`` asynchronously; its results without the check flags,
     which are kept to be read at the user's next wait (``checks``), blamed on ``blame``:
-    an op name for every check, or one :class:`Blame` per check. ``tracked=False``: the
-    caller keeps the results for ``synchronize()`` itself (DeferAndFuse counts references
-    to them to decide donation)."""
+    an op name for every check, or one :class:`Blame` per check."""
     t0 = perf_counter()
     outs = pjrt.get().execute(program.executable(), inputs, program.handlers())
     metrics.add("execute_seconds", perf_counter() - t0)
@@ -147,8 +145,7 @@ def execute(program: StorageProgram, inputs: list[Any], blame: str | Sequence[Bl
         else:
             for flag, message, who in zip(flags, program.check_messages, blame):
                 checks.add([flag], who.op, [message], who.where or checks.user_source_line())
-    if tracked:
-        track(outs)
+    track(outs)
     return outs
 
 
@@ -192,7 +189,7 @@ def scalar_dtype(pytype: type) -> torch.dtype:
 # what torch.tpu.synchronize() waits for
 # --------------------------------------------------------------------------
 # Weak references: a strong one would make every recent result look shared to the
-# donation checks (eager/dispatch.py), which count a buffer's references.
+# donation checks (eager/dispatch.py, eager/deferred.py), which count a buffer's references.
 _pending: list[weakref.ref] = []  # recent result buffers
 
 
