@@ -47,3 +47,21 @@ def test_out_variant_donates_and_matches_cpu() -> None:
     torch.add(a.to("tpu"), b.to("tpu"), alpha=2.0, out=out)
     torch.add(a.to("tpu"), b.to("tpu"), alpha=3.0, out=out)  # out's buffer is its cell's alone now
     assert_close(out.cpu(), torch.add(a, b, alpha=3.0))
+
+
+def test_defer_and_fuse_donates_a_storage_it_rewrites() -> None:
+    """The fused graph's in-place update reuses the storage's buffer (tracked results are
+    weak references, so they do not count as another holder)."""
+    import torchtpu
+    from torchtpu.eager import deferred
+
+    w_cpu, g_cpu = torch.zeros(1234), torch.randn(1234)
+    w, g = w_cpu.to("tpu"), g_cpu.to("tpu")
+    with torchtpu.eager_mode("defer_and_fuse"):
+        for _ in range(4):
+            w.add_(g * 0.5)
+            w_cpu.add_(g_cpu * 0.5)
+            torch.tpu.synchronize()
+    assert_close(w.cpu(), w_cpu)
+    texts = [c.program.text for c in deferred._GRAPHS.values() if "tensor<1234xf32>" in c.program.text]
+    assert texts and any("tf.aliasing_output" in t for t in texts)
