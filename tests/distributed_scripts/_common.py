@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,6 +26,18 @@ def report(obj: Any) -> None:
     else:
         json.dump(obj, sys.stdout)
         print()
+
+
+def attempt(fn: Callable[[], object]) -> None:
+    """Report whether ``fn`` raised (the exception's type and text) and how long it took."""
+    t0 = time.perf_counter()
+    try:
+        fn()
+        result = {"error": None}
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        result = {"error": f"{type(e).__name__}: {e}"}
+    result["seconds"] = time.perf_counter() - t0
+    report(result)
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -22,20 +22,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import report  # noqa: E402
+from _common import attempt, report  # noqa: E402
 
 TIMEOUT = timedelta(seconds=float(os.environ.get("TORCHTPU_TEST_TIMEOUT", "4")))
-
-
-def attempt(fn: object) -> None:
-    t0 = time.perf_counter()
-    try:
-        fn()
-        result = {"error": None}
-    except Exception as e:  # noqa: BLE001 - the test inspects it
-        result = {"error": f"{type(e).__name__}: {e}"}
-    result["seconds"] = time.perf_counter() - t0
-    report(result)
 
 
 def main(scenario: str) -> None:
