@@ -15,6 +15,7 @@ written back by the program itself (see fx_lowering.py).
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,8 +23,9 @@ import torch
 
 from .. import metrics
 from ..errors import TpuError
+from ..lowering.collectives import ReplicaLayout
 from .dynamic import BOUNDS_ATTR, SymbolBounds, batched_linears_apart, check_dynamic
-from .fx_lowering import CompiledGraph
+from .fx_lowering import CompiledGraph, OpByOpGraph
 
 _graph_ids = itertools.count()
 
@@ -80,11 +82,13 @@ def _decompositions() -> dict:
 
 
 def _compiler(kind: str, bounds: SymbolBounds | None) -> Callable[[torch.fx.GraphModule, Sequence[Any]], CompiledGraph]:
-    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-        _reject_collectives(gm)
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph | OpByOpGraph:
         metrics.add("compiled_graphs")
         name = f"{kind}{next(_graph_ids)}"
-        graph = CompiledGraph(gm, name, dynamic=_has_symbols(example_inputs), bounds=bounds)
+        replicas, in_program = _collectives(gm, name)
+        if not in_program:
+            return OpByOpGraph(gm, name)
+        graph = CompiledGraph(gm, name, dynamic=_has_symbols(example_inputs), bounds=bounds, replicas=replicas)
         graph.compile_id = _compile_id()
         return graph
 
@@ -106,14 +110,38 @@ def _has_symbols(example_inputs: Sequence[Any]) -> bool:
     return any(isinstance(x, (torch.SymInt, torch.SymFloat)) or (isinstance(x, torch.Tensor) and has_free_symbols(x)) for x in example_inputs)
 
 
-def _reject_collectives(gm: torch.fx.GraphModule) -> None:
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and "_c10d_functional" in str(node.target):
-            raise NotImplementedError(
-                f"torchtpu: the compiled graph contains the functional collective {node.target}; collectives inside "
-                "torch.compile(backend='tpu') graphs are not supported yet. Run the collective outside the compiled "
-                "function (e.g. torch._dynamo.disable on it), or compile only the per-device computation."
-            )
+def _collectives(gm: torch.fx.GraphModule, name: str) -> tuple[ReplicaLayout | None, bool]:
+    """The replica layout of ``gm``'s functional collectives (None without any), and whether
+    they can run inside the XLA program: only on groups with the xla transport. Otherwise
+    the graph runs op by op, its collectives through the process group (warned once)."""
+    from ..distributed import compiled
+
+    names = compiled.group_names(gm)
+    if not names:
+        return None, True
+    outside = compiled.not_in_program(names)
+    if outside:
+        _warn_op_by_op(name, outside)
+        return None, False
+    return compiled.replica_layout(names, f"compiled graph {name}"), True
+
+
+_warned_op_by_op = False
+
+
+def _warn_op_by_op(name: str, outside: list[tuple[str, str]]) -> None:
+    global _warned_op_by_op
+    if _warned_op_by_op:
+        return
+    _warned_op_by_op = True
+    groups = ", ".join(f"{n!r} ({t})" for n, t in outside)
+    warnings.warn(
+        f"torchtpu: compiled graph {name} has functional collectives on process group(s) {groups} whose collectives "
+        "cannot run inside an XLA program: it runs op by op (eagerly), its collectives through the process group. "
+        "Set TORCHTPU_COLLECTIVES=xla (before init_process_group) to compile it into one program with its "
+        "collectives inside.",
+        stacklevel=2,
+    )
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None, mode: str | None = None) -> Callable:

@@ -14,7 +14,11 @@ builds the program, and runs it:
   (``tf.aliasing_output``) so a step does not double its memory;
 - random nodes each take their own device RNG state ``[seed, counter + i]``, the states
   eager execution of the same ops would use, so dropout matches eager under one seed;
-- outputs that are graph inputs are returned as the input tensors themselves.
+- outputs that are graph inputs are returned as the input tensors themselves;
+- functional collectives (``_c10d_functional.*``) lower to StableHLO collectives inside the
+  same program (``lowering/rules/collectives.py``), over the ``replicas`` the backend
+  resolved from their process groups: the program is compiled in replica mode over those
+  ranks and every rank runs it (``runner/program.py``'s ``group``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from .. import _spans, config, metrics
 from ..eager import rng
 from ..errors import TpuError
 from ..lowering import registry
+from ..lowering.collectives import ReplicaLayout
 from ..lowering.context import NodeLowering, ProgramContext, ScalarValue, conform
 from ..lowering.graph import GraphHooks, lower_graph
 from ..lowering.strided import (
@@ -113,11 +118,23 @@ def _collect(args: list[Any], name: str) -> _Call:
             key.append(("f",))
         elif a is None:
             key.append(None)
+        elif _opaque(a):  # DTensor's DeviceMesh, passed along by AOTAutograd's subclass wrapper
+            key.append(("obj", type(a).__qualname__))
         else:
             raise TpuError(f"torchtpu: compiled graph {name} got an argument of type {type(a).__name__} (argument {i})")
     key.append(tuple((c.shape, c.dtype, c.buf is not None) for c in call.cells))
     key.append(current_precision())  # dot/conv precision_config is baked into the program
     return call
+
+
+def _opaque(a: Any) -> bool:
+    """An opaque Python object AOTAutograd hands a graph (a DTensor's DeviceMesh): the program
+    cannot read it, so it only passes through to the placeholder."""
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+    except ImportError:  # a torch built without distributed
+        return False
+    return isinstance(a, DeviceMesh)
 
 
 class _Hooks(GraphHooks):
@@ -200,13 +217,18 @@ def _static(meta: Any) -> bool:
 class CompiledGraph:
     """Callable (boxed convention) that runs ``gm`` as XLA programs on tpu tensors."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, dynamic: bool = False, bounds: Any = None):
+    def __init__(
+        self, gm: torch.fx.GraphModule, name: str, dynamic: bool = False, bounds: Any = None, replicas: ReplicaLayout | None = None
+    ):
         self._boxed_call = True  # an instance attribute: wrappers copy __dict__, not class attributes
         self.name = name
+        self.replicas = replicas  # functional collectives: the ranks the program spans and their groups
         self.dynamic = dynamic
         self.plan = None  # bounded dynamism: how dynamic dims are bucketed (dynamic.py)
         self.gm = gm
-        if dynamic and bounds is not None:  # bounded dynamism (a dynamic.SymbolBounds)
+        # bounded dynamism (a dynamic.SymbolBounds); never with collectives: padding a
+        # dimension would change what an all_gather concatenates or a reduce_scatter splits
+        if dynamic and bounds is not None and replicas is None:
             from .dynamic import BoundedPlan, warn_exact
 
             plan = BoundedPlan(gm, bounds)
@@ -292,8 +314,9 @@ class CompiledGraph:
 
     # -- building ------------------------------------------------------------------------------
     def _build(self, call: _Call) -> Program:
-        pb = ProgramBuilder()
+        pb = ProgramBuilder(group=self.replicas.ranks if self.replicas is not None else None)
         ctx, b = pb.ctx, pb.b
+        ctx.replica_layout = self.replicas
         bases = [pb.storage(slot, c.shape, c.numel, c.dtype, c.buf is not None) for slot, c in enumerate(call.cells)]
         inputs, geometry = self._inputs(b, call, bases)
         hooks = _Hooks(ctx, self.placeholders, use_meta=not self.dynamic)
@@ -369,6 +392,22 @@ class CompiledGraph:
         if not self.programs or not config.flag("TORCHTPU_LOG_RECOMPILES"):
             return
         print(f"[torchtpu] recompiling {self.name}: {explain_key_change(self._last_key, key)}", file=sys.stderr)
+
+
+class OpByOpGraph:
+    """A graph whose functional collectives cannot go into an XLA program (their group's
+    transport is not xla): AOTAutograd's graph runs op by op, every op through the eager
+    kernels and every collective through its process group. Same results, more programs."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str):
+        self._boxed_call = True
+        self.gm = gm
+        self.name = name
+
+    def __call__(self, args: list[Any]) -> Any:
+        args_l = list(args)
+        args.clear()
+        return self.gm(*args_l)
 
 
 def explain_key_change(old: tuple | None, new: tuple) -> str:

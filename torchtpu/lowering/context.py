@@ -8,7 +8,7 @@ lowers those.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
@@ -17,6 +17,9 @@ from ..errors import CheckMessage, not_implemented
 from ..stablehlo.builder import Builder, Value
 from ..stablehlo.types import is_complex, is_float
 from . import registry
+
+if TYPE_CHECKING:  # lowering/collectives.py is a sibling that rules import; no cycle at run time
+    from .collectives import ReplicaLayout
 
 aten = torch.ops.aten
 
@@ -66,6 +69,9 @@ class ProgramContext:
         self.platform = "cpu"
         self.supports_f64 = True
         self.has_lapack = True
+        # a program with collectives: the ranks it spans and each process group's replica
+        # groups (lowering/collectives.py; set by compile/, which asks torch.distributed)
+        self.replica_layout: ReplicaLayout | None = None
 
     def set_platform(self, facts: PlatformFacts) -> None:
         """Take the capabilities rules may ask about from the runtime client ``facts``."""

@@ -12,6 +12,11 @@ A storage program reads storage cells and Python numbers and writes storage cell
 one and hands the results back with the check flags taken and the rewritten storages
 swapped into their cells. Executables live in the bounded ``runtime/cache.py``; a
 program keeps its text to compile again if it was evicted.
+
+A program with collectives (a compiled graph's functional collectives) is built with a
+``group``: the global ranks it spans. It is compiled in replica mode over their devices
+and run through the group launch path (``runtime/distributed.py``); :func:`execute` waits
+for it, so a dead or hung peer fails the call that ran it, named.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from .. import metrics
 from ..lowering.context import ProgramContext
 from ..lowering.strided import storage_param, storage_result
 from ..runtime import cache, pjrt
+from ..runtime import distributed as rdist
 from ..stablehlo.builder import Value
 from ..stablehlo.types import numpy_dtype
 from . import checks
@@ -48,7 +54,7 @@ class OutputSpec(NamedTuple):
 class StorageProgram:
     """A compiled storage program and the layout of its results."""
 
-    __slots__ = ("key", "text", "what", "n_results", "updates", "check_messages", "result_types", "_handlers")
+    __slots__ = ("key", "text", "what", "n_results", "updates", "check_messages", "result_types", "group", "_handlers")
 
     def __init__(
         self,
@@ -59,6 +65,7 @@ class StorageProgram:
         updates: tuple[int, ...],
         check_messages: list,
         result_types: list[tuple[tuple[int, ...], Any]],
+        group: tuple[int, ...] | None = None,
     ):
         self.key = key  # the executable lives in runtime/cache.py (bounded): executable()
         self.text = text
@@ -67,9 +74,12 @@ class StorageProgram:
         self.updates = updates  # ...then one per rewritten storage slot, in this order...
         self.check_messages = check_messages  # ...then one flag per device-side check
         self.result_types = result_types  # (shape, numpy dtype) of every result
+        self.group = group  # global ranks of a program with collectives (replica i on group[i]), or None
         self._handlers: Any = None
 
     def executable(self) -> Any:
+        if self.group is not None:
+            return rdist.group_executable(self.key, self.text, self.group, self.what)
         return cache.fetch(self.key, self.text, f"{self.what} (evicted from the executable cache)")
 
     def handlers(self) -> Any:
@@ -80,12 +90,14 @@ class StorageProgram:
 
 
 class ProgramBuilder:
-    """Builds one storage program: ``storage()`` per slot, lower, then ``finish()``."""
+    """Builds one storage program: ``storage()`` per slot, lower, then ``finish()``.
+    ``group``: the global ranks a program with collectives spans (see the module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, group: Sequence[int] | None = None) -> None:
         self.ctx = ProgramContext(precision=current_precision())
         self.ctx.set_platform(pjrt.get())
         self.b = self.ctx.b
+        self.group = tuple(group) if group is not None else None
         self._param_of: dict[int, int] = {}  # slot -> parameter index
 
     def storage(self, slot: int, shape: tuple[int, ...], numel: int, dtype: torch.dtype, initialized: bool) -> Value:
@@ -113,10 +125,15 @@ class ProgramBuilder:
             self.b.set_param_attr(self._param_of[slot], f"tf.aliasing_output = {position[slot]} : i32")
         outputs += [flag for flag, _ in self.ctx.checks]
         text = self.b.module(outputs)
-        key, _ = cache.compile_keyed(text, what)
+        if self.group is None:
+            key, _ = cache.compile_keyed(text, what)
+        else:  # compiled now, like every other program, not at its first run
+            key = cache.program_key(text)
+            rdist.group_executable(key, text, self.group, what)
         messages = [m for _, m in self.ctx.checks]
         types = [(tuple(v.shape), numpy_dtype(v.dtype)) for v in outputs]
-        return StorageProgram(key, text, what, len(results), tuple(slot for slot, _, _ in updates), messages, types)
+        slots = tuple(slot for slot, _, _ in updates)
+        return StorageProgram(key, text, what, len(results), slots, messages, types, self.group)
 
     def has_param(self, slot: int) -> bool:
         return slot in self._param_of
@@ -134,9 +151,12 @@ def execute(program: StorageProgram, inputs: list[Any], blame: str | Sequence[Bl
     which are kept to be read at the user's next wait (``checks``), blamed on ``blame``:
     an op name for every check, or one :class:`Blame` per check."""
     t0 = perf_counter()
-    outs = pjrt.get().execute(program.executable(), inputs, program.handlers())
+    if program.group is None:
+        outs = pjrt.get().execute(program.executable(), inputs, program.handlers())
+        metrics.add("executions")
+    else:  # counts its execution itself
+        outs = rdist.run_for_group(program.executable(), inputs, blame if isinstance(blame, str) else program.what)
     metrics.add("execute_seconds", perf_counter() - t0)
-    metrics.add("executions")
     n = len(program.check_messages)
     if n:
         flags, outs = outs[-n:], outs[:-n]

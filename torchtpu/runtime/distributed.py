@@ -11,7 +11,9 @@ The ONLY module (with ``pjrt.py``) that touches jaxlib for distributed work. Wha
   ``num_nodes`` (and gloo TCP collectives on the cpu platform).
 - ``compile_for_group`` / ``run_for_group`` compile and run a program in replica mode over
   the devices of a group of global ranks (replica ``i`` = the group's ``i``-th rank);
-  ``launch_for_group`` / ``wait_for_group`` split the run for asynchronous collectives.
+  ``launch_for_group`` / ``wait_for_group`` split the run for asynchronous collectives;
+  ``group_executable`` keeps the compiled programs (with functional collectives inside)
+  that ``runner/program.py`` builds for a group.
 
 Why the service lives in a helper process, not in rank 0: a client whose service is gone
 aborts its process (SIGABRT after the heartbeat timeout; jaxlib 0.10.2's
@@ -29,13 +31,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from .. import metrics
+from .. import config, metrics
 from ..errors import TpuRuntimeError
 from . import pjrt
 
@@ -266,15 +269,37 @@ def compile_for_group(text: str, ranks: Sequence[int], what: str) -> pjrt.Execut
     return exe
 
 
-def run_for_group(exe: pjrt.Executable, args: Sequence[pjrt.Buffer]) -> list[pjrt.Buffer]:
+_group_programs: OrderedDict[tuple[str, tuple[int, ...]], pjrt.Executable] = OrderedDict()
+
+
+def group_executable(key: str, text: str, ranks: Sequence[int], what: str) -> pjrt.Executable:
+    """The executable of program ``text`` (``key``: its cache key) over ``ranks``. Kept
+    apart from the single-device executable cache (which loads from disk by key alone),
+    least recently used dropped beyond TORCHTPU_MAX_EXECUTABLES and compiled again when
+    next run: compiling is local to the process, only running meets the peers."""
+    k = (key, tuple(ranks))
+    exe = _group_programs.get(k)
+    if exe is None:
+        exe = _group_programs[k] = compile_for_group(text, ranks, what)
+        while len(_group_programs) > int(config.get("TORCHTPU_MAX_EXECUTABLES")):
+            _group_programs.popitem(last=False)
+    else:
+        _group_programs.move_to_end(k)
+    return exe
+
+
+_FAILED = "a collective program"
+
+
+def run_for_group(exe: pjrt.Executable, args: Sequence[pjrt.Buffer], what: str = _FAILED) -> list[pjrt.Buffer]:
     """Run a group program with this rank's buffers and wait for it: a failure (dead
-    peer, timeout) is raised here, where the caller can name the collective."""
-    outs = launch_for_group(exe, args)
-    wait_for_group(outs)
+    peer, timeout) is raised here, where the caller can name the collective (``what``)."""
+    outs = launch_for_group(exe, args, what)
+    wait_for_group(outs, what)
     return outs
 
 
-def launch_for_group(exe: pjrt.Executable, args: Sequence[pjrt.Buffer]) -> list[pjrt.Buffer]:
+def launch_for_group(exe: pjrt.Executable, args: Sequence[pjrt.Buffer], what: str = _FAILED) -> list[pjrt.Buffer]:
     """Enqueue a group program with this rank's buffers; its outputs at once. The device
     runs programs with collectives in launch order, so every rank's collectives meet in
     the order each rank launched them."""
@@ -283,19 +308,28 @@ def launch_for_group(exe: pjrt.Executable, args: Sequence[pjrt.Buffer]) -> list[
         result = exe.execute_sharded(list(args))
         outs = [o[0] for o in result.disassemble_into_single_device_arrays()]
     except rt._jax.JaxRuntimeError as e:
-        raise CollectiveError(f"torchtpu: a collective program failed: {_first_line(e)}") from e
+        raise _failure(what, e) from e
     metrics.add("executions")
     return outs
 
 
-def wait_for_group(outs: Sequence[pjrt.Buffer]) -> None:
+def wait_for_group(outs: Sequence[pjrt.Buffer], what: str = _FAILED) -> None:
     """Block until a launched group program's outputs are ready (the GIL is released);
     raise ``CollectiveError`` if it failed (a dead peer, a timeout)."""
     rt = pjrt.get()
     try:
         rt._jax.batched_block_until_ready(list(outs))
     except rt._jax.JaxRuntimeError as e:
-        raise CollectiveError(f"torchtpu: a collective program failed: {_first_line(e)}") from e
+        raise _failure(what, e) from e
+
+
+def _failure(what: str, e: BaseException) -> CollectiveError:
+    if what == _FAILED:
+        return CollectiveError(f"torchtpu: a collective program failed: {_first_line(e)}")
+    return CollectiveError(
+        f"torchtpu: {what} failed in a collective (a peer process died, hung or did not run the same program): "
+        f"{_first_line(e)}"
+    )
 
 
 def ready(outs: Sequence[pjrt.Buffer]) -> bool:

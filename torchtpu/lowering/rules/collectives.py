@@ -1,0 +1,120 @@
+"""Functional collectives (``_c10d_functional.*``, what DTensor, FSDP2 and tensor
+parallelism put into torch.compile graphs) lowered to StableHLO collectives inside the
+program, over the replica groups the program's :class:`~torchtpu.lowering.collectives.ReplicaLayout`
+gives each process-group name (compile/ resolves them). ``wait_tensor`` is the identity:
+inside one program the collective's result is ready when it is used.
+
+Only torch.compile programs lower these: eager mode runs functional collectives through
+the process group (their kernels are c10d's own, never torchtpu's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...stablehlo.builder import Value
+from .. import collectives as C
+from ..registry import register
+
+_F = torch.ops._c10d_functional
+
+
+def _groups(L: Any, group_name: Any) -> tuple[tuple[int, ...], ...]:
+    name = group_name if isinstance(group_name, str) else group_name.group_name
+    return C.groups_of(L.ctx, name, L.op.name() if L.op is not None else "collective")
+
+
+def _op(reduce_op: str, dtype: torch.dtype) -> str:
+    op = reduce_op.lower()
+    C.check_reduce(op, dtype)
+    return op
+
+
+def _check_size(L: Any, groups: Any, group_size: int) -> None:
+    if len(groups[0]) != group_size:
+        raise ValueError(f"torchtpu: {L.op.name()} got group_size {group_size} for a group of {len(groups[0])} ranks")
+
+
+@register(_F.wait_tensor.default)
+def wait_tensor(L: Any, x: Value) -> Value:
+    return x
+
+
+@register(_F.all_reduce.default, _F.all_reduce_.default)
+def all_reduce(L: Any, x: Value, reduce_op: str, group_name: Any) -> Value:
+    (y,) = C.all_reduce_many(L.b, [x], _op(reduce_op, x.dtype), _groups(L, group_name))
+    return y
+
+
+@register(_F.all_reduce_coalesced.default, _F.all_reduce_coalesced_.default)
+def all_reduce_coalesced(L: Any, xs: list[Value], reduce_op: str, group_name: Any) -> list[Value]:
+    ops = {_op(reduce_op, x.dtype) for x in xs}
+    return C.all_reduce_many(L.b, xs, ops.pop(), _groups(L, group_name)) if xs else []
+
+
+def _gather(L: Any, x: Value, groups: Any) -> Value:
+    shape = (len(groups[0]) * (x.shape[0] if x.shape else 1), *x.shape[1:])
+    return L.b.reshape(C.all_gather(L.b, x, groups), shape)
+
+
+@register(_F.all_gather_into_tensor.default)
+def all_gather_into_tensor(L: Any, x: Value, group_size: int, group_name: Any) -> Value:
+    groups = _groups(L, group_name)
+    _check_size(L, groups, group_size)
+    return _gather(L, x, groups)
+
+
+@register(_F.all_gather_into_tensor_coalesced.default)
+def all_gather_into_tensor_coalesced(L: Any, xs: list[Value], group_size: int, group_name: Any) -> list[Value]:
+    groups = _groups(L, group_name)
+    _check_size(L, groups, group_size)
+    return [_gather(L, x, groups) for x in xs]
+
+
+def _scatter(L: Any, x: Value, reduce_op: str, groups: Any) -> Value:
+    w = len(groups[0])
+    if not x.shape or x.shape[0] % w:
+        raise ValueError(f"torchtpu: reduce_scatter_tensor needs dim 0 divisible by the group size {w}, got {x.shape}")
+    y = C.reduce_scatter(L.b, C.flat(L.b, x), _op(reduce_op, x.dtype), groups)
+    return L.b.reshape(y, (x.shape[0] // w, *x.shape[1:]))
+
+
+@register(_F.reduce_scatter_tensor.default)
+def reduce_scatter_tensor(L: Any, x: Value, reduce_op: str, group_size: int, group_name: Any) -> Value:
+    groups = _groups(L, group_name)
+    _check_size(L, groups, group_size)
+    return _scatter(L, x, reduce_op, groups)
+
+
+@register(_F.reduce_scatter_tensor_coalesced.default)
+def reduce_scatter_tensor_coalesced(L: Any, xs: list[Value], reduce_op: str, group_size: int, group_name: Any) -> list[Value]:
+    groups = _groups(L, group_name)
+    _check_size(L, groups, group_size)
+    return [_scatter(L, x, reduce_op, groups) for x in xs]
+
+
+@register(_F.all_to_all_single.default)
+def all_to_all_single(L: Any, x: Value, output_split_sizes: list[int], input_split_sizes: list[int], group_name: Any) -> Value:
+    groups = _groups(L, group_name)
+    w = len(groups[0])
+    even = x.shape[0] // w if x.shape else 0
+    splits = [*output_split_sizes, *input_split_sizes]
+    if not x.shape or x.shape[0] % w or any(not isinstance(s, int) or s != even for s in splits):
+        # every rank must run the same program: uneven (or data-dependent) splits would differ
+        raise NotImplementedError(
+            f"torchtpu: all_to_all_single with uneven splits (in {list(input_split_sizes)}, out "
+            f"{list(output_split_sizes)}) cannot be lowered into a compiled program; only even splits of dim 0 can. "
+            "Run it outside the compiled function (torch._dynamo.disable) or use even splits."
+        )
+    a = C.all_to_all(L.b, L.b.reshape(x, (w, C.flat(L.b, x).shape[0] // w)), groups)
+    return L.b.reshape(a, x.shape)
+
+
+@register(_F.broadcast.default, _F.broadcast_.default)
+def broadcast(L: Any, x: Value, src: int, group_name: Any) -> Value:
+    groups = _groups(L, group_name)
+    if not 0 <= src < len(groups[0]):
+        raise ValueError(f"torchtpu: broadcast from rank {src} of a group of {len(groups[0])} ranks")
+    return L.b.reshape(C.broadcast(L.b, C.flat(L.b, x), src, groups), x.shape)
