@@ -224,3 +224,145 @@ def test_a_python_int_argument_after_mark_dynamic() -> None:
         warnings.simplefilter("ignore")  # the exact-shapes warning
         for s in (2, 3, 4):
             assert_close(compiled(x.to(TPU), s), x * s)
+
+
+# -- jagged ids: embedding_bag on padded ids (bags mask the positions past the true length) --
+def _bags(g: torch.Generator, n_bags: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bags of 1..3 ids: the flat ids and the bags' offsets (the total varies per call)."""
+    lengths = torch.randint(1, 4, (n_bags,), generator=g)
+    return torch.randint(0, rows, (int(lengths.sum()),), generator=g), torch.cumsum(lengths, 0) - lengths
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(mode="sum", weighted=True),
+        dict(mode="mean"),
+        dict(mode="max"),
+        dict(mode="sum", padding_idx=3),
+        dict(mode="mean", scale_grad_by_freq=True),
+    ],
+    ids=["sum-weighted", "mean", "max", "padding_idx", "freq"],
+)
+def test_embedding_bag_on_padded_ids_matches_cpu_with_gradients(kwargs: dict) -> None:
+    """Totals of 9..24 ids through buckets of 16 and 32, marked dynamic: the padded ids
+    (row 0 after padding) join no bag, in the forward and in both gradients. With
+    scale_grad_by_freq the reference is the same op run eagerly at exact shapes on tpu:
+    the CPU kernel divides by the counts of other rows (PyTorch's own CPU quirk; e.g.
+    ids [1, 2, 2, 5, 1, 1, 7, 3, 3] give row 2 the gradient 2/3 where CUDA's is 1)."""
+    kwargs = dict(kwargs)
+    weighted = kwargs.pop("weighted", False)
+    rows = 6 if "padding_idx" in kwargs else 20  # few rows: padding_idx and repeats occur
+    reference = TPU if kwargs.get("scale_grad_by_freq") else torch.device("cpu")
+
+    def fn(w: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, psw: torch.Tensor | None) -> torch.Tensor:
+        return nn.functional.embedding_bag(ids, w, offsets, per_sample_weights=psw, **kwargs).square().sum()
+
+    compiled = torch.compile(fn, backend="tpu")
+    torch.manual_seed(0)
+    w_ref = torch.randn(rows, 4).to(reference).requires_grad_()
+    w_dev = w_ref.detach().to(TPU).requires_grad_()
+    g = torch.Generator().manual_seed(0)
+    older = {id(gr) for gr in _graphs()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # bucketed, not the exact-shapes fallback
+        for _ in range(4):
+            ids, offsets = _bags(g, 8, rows)
+            psw = torch.rand(len(ids), generator=g).to(reference).requires_grad_() if weighted else None
+            psw_dev = torchtpu.mark_dynamic(psw.detach().to(TPU).requires_grad_(), 0, 32) if weighted else None
+            loss = compiled(w_dev, torchtpu.mark_dynamic(ids.to(TPU), 0, 32), offsets.to(TPU), psw_dev)
+            expected = fn(w_ref, ids.to(reference), offsets.to(reference), psw)
+            loss.backward()
+            expected.backward()
+            assert_close(loss, expected)
+            assert_close(w_dev.grad, w_ref.grad)
+            if weighted:
+                assert_close(psw_dev.grad, psw.grad)
+            w_dev.grad = w_ref.grad = None
+    assert all(gr.plan is not None for gr in _graphs() if id(gr) not in older)
+
+
+def test_index_select_and_index_add_with_padded_indices_match_cpu_with_gradients() -> None:
+    """Routing as a mixture of experts does it: rows picked by a dynamic number of
+    indices, transformed, and added back into a static accumulator (which the graph
+    may write in place). The padded indices (0 after padding) must not add into row 0,
+    in the forward or in the gradients."""
+    torch.manual_seed(0)
+    lin_cpu = nn.Linear(4, 4)
+    lin_dev = copy.deepcopy(lin_cpu).to(TPU)
+
+    def fn(lin: nn.Module, x: torch.Tensor, idx: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.silu(lin(x.index_select(0, idx))) * scale[:, None]
+        return torch.zeros_like(x).index_add(0, idx, y)
+
+    compiled = torch.compile(fn, backend="tpu")
+    g = torch.Generator().manual_seed(0)
+    older = {id(gr) for gr in _graphs()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (3, 5, 7, 6):  # buckets 4, 8, 8, 8
+            x = torch.randn(10, 4, generator=g, requires_grad=True)
+            idx = torch.randperm(10, generator=g)[:n]  # distinct rows: sums in any order are exact
+            scale = torch.rand(n, generator=g, requires_grad=True)
+            x_dev = x.detach().to(TPU).requires_grad_()
+            scale_dev = torchtpu.mark_dynamic(scale.detach().to(TPU).requires_grad_(), 0, 16)
+            out = compiled(lin_dev, x_dev, torchtpu.mark_dynamic(idx.to(TPU), 0, 16), scale_dev)
+            expected = fn(lin_cpu, x, idx, scale)
+            assert_close(out, expected)
+            out.square().sum().backward()
+            expected.square().sum().backward()
+            assert_close(x_dev.grad, x.grad)
+            assert_close(scale_dev.grad, scale.grad)
+            for p_dev, p_cpu in zip(lin_dev.parameters(), lin_cpu.parameters()):
+                assert_close(p_dev.grad, p_cpu.grad)
+                p_dev.grad = p_cpu.grad = None
+    graphs = [gr for gr in _graphs() if id(gr) not in older]
+    assert graphs and all(gr.plan is not None for gr in graphs)
+    assert max(len(gr.programs) for gr in graphs) == 2  # a program per bucket, not per length
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d: int = 8, f: int = 16) -> None:
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(d, f, bias=False), nn.Linear(d, f, bias=False), nn.Linear(f, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def test_automatic_dynamic_shapes_are_bucketed_without_a_bound() -> None:
+    """No mark_dynamic, no options: Dynamo makes the token count dynamic after a second
+    size (automatic dynamic shapes), as for an expert's share of a mixture of experts. The
+    graphs are bucketed (to the next power of two above 1.25 n: no bound needed), and a
+    symbol's bucket only grows, so counts that wander below 8 keep to one program each."""
+    cpu, dev = _pair(SwiGLU)
+    compiled = torch.compile(dev, backend="tpu")
+    older = {id(gr) for gr in _graphs()}
+    g = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (3, 5, 7, 6, 4, 6, 7, 5):
+            x = torch.randn(n, 8, generator=g)
+            out = compiled(x.to(TPU))
+            assert_close(out, cpu(x))
+            out.square().sum().backward()
+            cpu(x).square().sum().backward()
+            for p_dev, p_cpu in zip(dev.parameters(), cpu.parameters()):
+                assert_close(p_dev.grad, p_cpu.grad)
+                p_dev.grad = p_cpu.grad = None
+    dynamic = [gr for gr in _graphs() if id(gr) not in older and gr.dynamic]
+    assert len(dynamic) == 2 and all(gr.plan is not None and len(gr.programs) == 1 for gr in dynamic)
+
+
+def test_automatic_dynamic_graph_that_is_not_padding_safe_runs_at_exact_shapes_quietly() -> None:
+    """mean divides by a size baked into the program: the graph keeps exact shapes, with no
+    warning (nobody asked for bounded dynamism)."""
+    compiled = torch.compile(lambda x: x.mean(dim=0), backend="tpu")
+    older = {id(gr) for gr in _graphs()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (3, 5, 6):
+            x = torch.randn(n, 4)
+            assert_close(compiled(x.to(TPU)), x.mean(dim=0))
+    dynamic = [gr for gr in _graphs() if id(gr) not in older and gr.dynamic]
+    assert dynamic and all(gr.plan is None for gr in dynamic)

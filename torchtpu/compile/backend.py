@@ -160,15 +160,15 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options
         raise TpuError(f"torchtpu: unknown torch.compile option(s) {sorted(unknown)} for backend 'tpu'; known: {list(KNOWN_OPTIONS)}")
     check_dynamic(gm, example_inputs, options)
     # bucket dynamic dims when asked (options, dynamic=True with a bound, or mark_dynamic);
-    # automatic dynamic shapes (a second size seen by Dynamo) run at exact shapes
+    # automatic dynamic shapes (a second size seen by Dynamo) are bucketed too, to the next
+    # power of two, where the graph is padding-safe (else exact shapes, without a warning)
     explicit = not torch._dynamo.config.assume_static_by_default
     # marked: this graph's own inputs carry mark_dynamic bounds (a process-wide "something
     # was marked once" made Dynamo's automatic dynamic shapes of any later graph demand a bound)
     marked = any(getattr(t, BOUNDS_ATTR, None) for t in example_inputs if isinstance(t, torch.Tensor))
     bounded = bool(options.get("bounded_dynamism") or "max_size" in options or explicit or marked)
-    bounds = SymbolBounds(options.get("max_size")) if bounded else None
-    if bounded:
-        batched_linears_apart(gm)
+    bounds = SymbolBounds(options.get("max_size"), automatic=not bounded)
+    batched_linears_apart(gm)
     compile_aot = aot_autograd(
         fw_compiler=_compiler("forward", bounds),
         bw_compiler=_compiler("backward", bounds),

@@ -52,14 +52,22 @@ PADDING_SAFE = {
     "rsqrt", "abs", "where", "maximum", "minimum", "clamp", "erf", "reciprocal", "_to_copy", "clone", "copy",
     "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or", "bitwise_and", "masked_fill",
     "scalar_tensor", "full", "zeros", "ones", "arange", "iota", "full_like", "zeros_like", "ones_like", "detach",
+    "new_zeros", "new_ones", "new_full",
     "alias", "lift_fresh_copy", "threshold_backward", "gelu_backward", "sigmoid_backward", "tanh_backward",
+    "rsub",
     # layout
     "view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze",
-    "slice", "select", "split", "split_with_sizes", "cat", "contiguous", "unbind",
+    "slice", "select", "split", "split_with_sizes", "cat", "contiguous", "unbind", "slice_scatter",
     # linear algebra and reductions XLA masks
     "mm", "addmm", "bmm", "matmul", "sum", "amax", "amin", "_softmax", "_log_softmax", "_softmax_backward_data",
     "_log_softmax_backward_data", "embedding", "embedding_dense_backward", "native_layer_norm",
     "native_layer_norm_backward", "baddbmm", "linear_nd", "contract_leading",
+    # bags mask positions past the ids' true length (embedding.py: _live)
+    "_embedding_bag", "_embedding_bag_forward_only", "_embedding_bag_backward", "_embedding_bag_dense_backward",
+    "_embedding_bag_per_sample_weights_backward",
+    # rows gathered by padded indices are padding themselves; XLA's dynamic padder turns a
+    # scatter's padded indices out of bounds, so their updates are dropped
+    "index_select", "index_add",
 }
 
 
@@ -92,24 +100,29 @@ def check_dynamic(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], optio
     return None
 
 
-def bucket(n: int, bound: int) -> int:
-    """Powers of two up to the bound."""
-    if n > bound:
+def bucket(n: int, bound: int | None) -> int:
+    """Powers of two up to the bound (None: Dynamo's automatic dynamic shapes, unbounded)."""
+    if bound is not None and n > bound:
         raise TpuError(f"torchtpu: a dynamic dimension has length {n}, above its bound {bound}; raise max_size")
     b = 1
     while b < n:
         b *= 2
-    return min(b, bound)
+    return b if bound is None else min(b, bound)
 
 
 class SymbolBounds:
     """The bounds of one Dynamo graph's size symbols, shared by its forward, backward and
     inference graphs: the backward's inputs (saved activations) carry no mark_dynamic
-    bound, so it takes the one its forward saw."""
+    bound, so it takes the one its forward saw. ``automatic``: the dims are dynamic only
+    because Dynamo saw a second size (automatic dynamic shapes, no bound asked for): they
+    are bucketed to the next power of two, and a graph that is not padding-safe runs at
+    exact shapes quietly, as it did before (the user asked for nothing to warn about)."""
 
-    def __init__(self, max_size: int | None) -> None:
+    def __init__(self, max_size: int | None, automatic: bool = False) -> None:
         self.max_size = max_size
-        self.seen: dict[Any, int] = {}
+        self.automatic = automatic
+        self.seen: dict[Any, int | None] = {}
+        self.grown: dict[Any, int] = {}  # an unbounded symbol's largest bucket so far
 
 
 class BoundedPlan:
@@ -125,6 +138,9 @@ class BoundedPlan:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for i, node in enumerate(placeholders):
             self._add(i, node.meta.get("val"))
+        self.exact_reason = self.reason  # why the graph runs at exact shapes, if it does
+        if shared.automatic and self.reason:
+            self.reason, self.symbols = None, []  # not usable, and no warning
 
     def _add(self, i: int, val: Any) -> None:
         if isinstance(val, torch.SymInt):
@@ -160,7 +176,7 @@ class BoundedPlan:
             values[s] = int(args[i])
         return [int(v) if v is not None else 1 for v in values]
 
-    def bounds(self, args: list[Any]) -> list[int]:
+    def bounds(self, args: list[Any]) -> list[int | None]:
         out: list[int | None] = [self.max_size] * len(self.symbols)
         for i, dims in self.tensor_dims.items():
             marked = getattr(args[i], BOUNDS_ATTR, None) or {}
@@ -170,14 +186,29 @@ class BoundedPlan:
         for s, b in enumerate(out):
             if b is None:
                 b = out[s] = self.shared.seen.get(self.symbols[s])
-            if b is None:
+            if b is None and not self.shared.automatic:
                 raise TpuError(
                     f"torchtpu: dynamic size {self.symbols[s]} has no bound; call torchtpu.mark_dynamic(t, dim, max_size) "
                     "on the input or pass options={'max_size': N} to torch.compile"
                 )
         for symbol, b in zip(self.symbols, out):
-            self.shared.seen[symbol] = int(b)
-        return [int(b) for b in out]
+            self.shared.seen[symbol] = b
+        return out
+
+    def buckets(self, args: list[Any], lengths: list[int]) -> list[int]:
+        """The size each symbol is padded to: its length's power-of-two bucket, within its
+        bound. An unbounded (automatic) symbol's bucket leaves a quarter of room and only
+        grows, as a caching allocator's block would: lengths that wander around a power of
+        two (a batch's total of jagged ids) keep to one program instead of one per
+        combination of tables, and a size Dynamo saw change grows into its room."""
+        out = []
+        for symbol, n, b in zip(self.symbols, lengths, self.bounds(args)):
+            if b is None:
+                k = self.shared.grown[symbol] = max(bucket(n + n // 4, None), self.shared.grown.get(symbol, 0))
+            else:
+                k = bucket(n, b)
+            out.append(k)
+        return out
 
     def pad_args(self, args: list[Any], buckets: list[int]) -> list[Any]:
         """Inputs padded (through the host) to their bucket sizes; SymInts become buckets."""
@@ -187,11 +218,22 @@ class BoundedPlan:
             pads = [(0, 0)] * t.dim()
             for d, s in dims:
                 pads[d] = (0, buckets[s] - t.shape[d])
-            if any(p[1] for p in pads):
+            if any(p[1] for p in pads) or not _own_storage(t):
                 out[i] = _pad_host(t, pads)
         for i, s in self.int_inputs.items():
             out[i] = buckets[s]
         return out
+
+
+def _own_storage(t: torch.Tensor) -> bool:
+    """``t`` is its storage buffer, in the shape a padded input gets: a length that is its
+    bucket already (a saved activation, a view of a padded output) must not key another
+    program by its storage's layout."""
+    if t.device.type != "tpu":
+        return True
+    from ..tensor.storage import cell_of
+
+    return cell_of(t).shape == tuple(t.shape) and t.is_contiguous() and t.storage_offset() == 0
 
 
 def _pad_host(t: torch.Tensor, pads: list[tuple[int, int]]) -> torch.Tensor:
@@ -209,10 +251,12 @@ def _unsafe_op(gm: torch.fx.GraphModule) -> str | None:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         if node.target is aten.copy_.default:
-            return "the graph mutates its inputs"
+            if _dynamic_in(node.args[0]):  # the caller's storage was swapped for a padded copy
+                return "the graph mutates a dynamic input"
+            continue  # a static input (optimizer state, an accumulator) is written in place as usual
         name = node.target.overloadpacket.__name__
-        if name.startswith("sym_") or name.startswith("_assert"):
-            continue
+        if name.startswith("sym_") or name.startswith("_assert") or not _touches_dynamic(node):
+            continue  # no padding reaches an op whose operands and results are all static
         if name not in PADDING_SAFE:
             return f"{node.target} is not known to be exact on padded, masked inputs"
         several = _distinct_symbols(node.meta.get("val"))
@@ -226,6 +270,23 @@ def _unsafe_op(gm: torch.fx.GraphModule) -> str | None:
             # when a reshape folds a padded dim into another one
             return f"{node.target} makes a dimension of size {merged} (a reshape across a dynamic dim)"
     return None
+
+
+def _dynamic_in(val: Any) -> bool:
+    """A node (or its meta value), a SymInt, or a nested list of them with a dynamic size."""
+    from torch.fx.experimental.symbolic_shapes import has_free_symbols
+
+    if isinstance(val, torch.fx.Node):
+        val = val.meta.get("val")
+    if isinstance(val, (list, tuple)):
+        return any(_dynamic_in(v) for v in val)
+    if isinstance(val, torch.Tensor):
+        return has_free_symbols(val)
+    return _symbolic(val)
+
+
+def _touches_dynamic(node: torch.fx.Node) -> bool:
+    return _dynamic_in(node) or any(_dynamic_in(a) for a in (*node.args, *node.kwargs.values()))
 
 
 # Schema types of arguments that take a size (as the schema prints them; SymInt prints as

@@ -250,10 +250,8 @@ class CompiledGraph:
         args.clear()  # boxed: let AOTAutograd's references to the inputs die
         lengths = None
         if self.plan is not None:
-            from .dynamic import bucket
-
             lengths = self.plan.lengths(args_l)
-            buckets = [bucket(n, b) for n, b in zip(lengths, self.plan.bounds(args_l))]
+            buckets = self.plan.buckets(args_l, lengths)
             unpadded, args_l = args_l, self.plan.pad_args(args_l, buckets)
         call = _collect(args_l, self.name)
         if lengths is not None:

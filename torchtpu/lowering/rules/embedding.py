@@ -41,9 +41,25 @@ def _bags(L: NodeLowering, indices: Value, offsets: Value, n_bags: int) -> Value
 
 
 def _valid(L: NodeLowering, indices: Value, padding_idx: int) -> Value:
+    """Positions that count: below the indices' true length (:func:`_live`), not padding_idx."""
+    live = _live(L, indices)
     if padding_idx is None or padding_idx < 0:
-        return L.full(True, indices.shape, torch.bool)
-    return L.b.compare(indices, L.full(padding_idx, indices.shape, indices.dtype), "NE")
+        return live
+    return L.b.binary("and", live, L.b.compare(indices, L.full(padding_idx, indices.shape, indices.dtype), "NE"))
+
+
+def _live(L: NodeLowering, indices: Value) -> Value:
+    """Positions below the true length of ``indices``: a bucketed program (bounded
+    dynamism) gets the ids padded to the bucket with their length marked
+    (``set_dimension_size``), and the padding must join no bag; in a static program every
+    position is live. The length is a count of the ids, a reduction XLA masks to the marked
+    length (``get_dimension_size`` was folded to the static size before XLA saw it)."""
+    b = L.b
+    n = indices.shape[0]
+    zero = L.zeros(indices.shape, indices.dtype)
+    every = b.binary("or", b.compare(indices, zero, "LT"), b.compare(indices, zero, "GE"))  # true, but not foldable
+    count = b.reduce([b.convert(every, torch.int32)], [b.constant(0, torch.int32)], [0], lambda x, y: [b.binary("add", x, y)])[0]
+    return b.compare(b.iota((n,), 0, torch.int32), b.broadcast_in_dim(count, (n,), []), "LT")
 
 
 def _expand(L: NodeLowering, v: Value, d: int) -> Value:
@@ -114,12 +130,13 @@ def embedding_bag(
     return _fit(L, out, 0), _fit(L, bag, 1), _fit(L, size, 2), _fit(L, max_idx, 3)
 
 
-def _freq_scale(L: NodeLowering, indices: Value) -> Value:
-    """1 / (how often each index occurs), for scale_grad_by_freq."""
-    b = L.b
-    n = indices.shape[0]
-    same = b.compare(b.broadcast_in_dim(indices, (n, n), [0]), b.broadcast_in_dim(indices, (n, n), [1]), "EQ")
-    return _count(L, same, 1)
+def _freq_scale(L: NodeLowering, indices: Value, num_weights: int) -> Value:
+    """How often each position's index occurs among the live ids, for scale_grad_by_freq:
+    a count per row, read back per position (an n x n comparison of the ids would give a
+    tensor with their padded length twice, which XLA's dynamic padder refuses)."""
+    ones = L.b.convert(_live(L, indices), torch.int64)
+    counts = L.lower(aten.index_add.default, L.zeros((int(num_weights),), torch.int64), 0, indices, ones)
+    return L.lower(aten.index_select.default, counts, 0, indices)
 
 
 @register(aten._embedding_bag_dense_backward.default)
@@ -154,7 +171,7 @@ def embedding_bag_dense_backward(
     if per_sample_weights is not None:
         g = b.binary("multiply", g, _expand(L, L.to(per_sample_weights, g.dtype), d))
     if scale_grad_by_freq:
-        g = b.binary("divide", g, _expand(L, L.to(_freq_scale(L, indices), g.dtype), d))
+        g = b.binary("divide", g, _expand(L, L.to(_freq_scale(L, indices, num_weights), g.dtype), d))
     g = b.select(_expand(L, _valid(L, indices, padding_idx), d), g, L.zeros(g.shape, g.dtype))
     return L.to(L.lower(aten.index_add.default, zeros, 0, indices, g), out_dtype)
 
