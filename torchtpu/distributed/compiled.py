@@ -16,13 +16,17 @@ blocks (``lowering/collectives.py: ReplicaLayout``); this module finds it with c
 Groups whose transport is not ``xla`` (the host transport, the cpu default; a gloo group)
 cannot run inside an XLA program: :func:`replica_layout` returns None and the caller runs
 the graph op by op, with its collectives through the process group.
+
+:class:`InGraphFSDP` puts FSDP2's all-gathers and reduce-scatters into such a graph (its own
+hooks cannot be traced). This module is imported only when compiling (it imports Dynamo).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -112,3 +116,112 @@ def _partition(name: str, blocks: list[tuple[int, ...]], world: int, what: str) 
             "collectives outside the compiled function (torch._dynamo.disable)."
         )
     return tuple(unique)
+
+
+# -- FSDP2 inside one torch.compile program ------------------------------------------------------
+# PyTorch 2.13 wraps every FSDP2 hook in torch._dynamo.disable (traceable FSDP2 was removed
+# upstream, pytorch/pytorch#174863), so a compiled forward breaks at each FSDP module and the
+# hooks' all-gathers and reduce-scatters run eagerly through the process group. InGraphFSDP
+# keeps fully_shard's sharding (its DTensor parameters, optimizer state and
+# checkpoints) but does its communication in the graph: the parameters are all-gathered by
+# DTensor's functional collectives inside the compiled function, and autograd turns each
+# all-gather into the reduce-scatter of its gradient, as JAX (and SimpleFSDP) do.
+
+
+class InGraphFSDP:
+    """A model with fully_shard applied, driven from a torch.compile function with its
+    communication in the graph::
+
+        fsdp = InGraphFSDP(model)
+
+        @torch.compile(backend="tpu", fullgraph=True)
+        def graph(x):
+            return torch.func.functional_call(model, fsdp.unsharded_parameters(), (x,))
+
+        with fsdp.hooks_off():
+            out = graph(x)
+
+    Each parameter is all-gathered in its MixedPrecisionPolicy's ``param_dtype`` and its
+    gradient reduce-scattered (``avg``, FSDP2's default) in its ``reduce_dtype``, into the
+    sharded parameter's own dtype, as FSDP2's hooks would. Not applied: the policy's
+    ``cast_forward_inputs`` and ``output_dtype`` (cast the inputs yourself), and FSDP2's
+    prefetching and resharding settings (XLA schedules the program and its memory)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self._states = _fsdp_states(model)
+        dtypes = {id(fp.sharded_param): _mp_dtypes(state._mp_policy) for state in self._states for fp in _params_of(state)}
+        self._plan: list[tuple[str, Any, torch.dtype | None, torch.dtype | None]] = []
+        for name, p in model.named_parameters():
+            _check_sharded(name, p)
+            self._plan.append((name, p, *dtypes.get(id(p), (None, None))))
+
+    @torch._dynamo.dont_skip_tracing  # torchtpu's files are skipped by Dynamo; this is traced into the graph
+    def unsharded_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter all-gathered, as plain tensors for ``torch.func.functional_call``;
+        call it inside the compiled function. Forward: one ``all_gather_into_tensor`` per
+        parameter; backward: its gradient's ``reduce_scatter_tensor``."""
+        from torch.distributed.tensor import Partial, Replicate
+
+        full = {}
+        for name, p, forward_dtype, backward_dtype in self._plan:
+            gathered = p.redistribute(placements=[Replicate()], forward_dtype=forward_dtype, backward_dtype=backward_dtype)
+            full[name] = gathered.to_local(grad_placements=[Partial("avg")])
+        return full
+
+    @contextlib.contextmanager
+    def hooks_off(self) -> Iterator[None]:
+        """Run the model without FSDP2's forward hooks (their eager all-gathers and
+        reduce-scatters are in the graph instead); restored on exit. The hook dicts are
+        edited in place and refilled in order, so Dynamo's guards on them see the same
+        objects every call."""
+        saved: list[tuple[dict, list]] = []
+        for module in self.model.modules():
+            for hooks in (module._forward_pre_hooks, module._forward_hooks):
+                items = list(hooks.items())
+                if any(_is_fsdp_hook(h, self._states) for _, h in items):
+                    saved.append((hooks, items))
+                    for key, h in items:
+                        if _is_fsdp_hook(h, self._states):
+                            del hooks[key]
+        try:
+            yield
+        finally:
+            for hooks, items in saved:
+                hooks.clear()
+                hooks.update(items)
+
+
+def _fsdp_states(model: torch.nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    states = [m._get_fsdp_state() for m in model.modules() if isinstance(m, FSDPModule)]
+    if not states:
+        raise ValueError("torchtpu: InGraphFSDP needs a model with fully_shard applied (no FSDPModule found in it)")
+    return states
+
+
+def _params_of(state: Any) -> list[Any]:
+    return [fp for group in state._fsdp_param_groups for fp in group.fsdp_params]
+
+
+def _mp_dtypes(mp: Any) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """(all-gather dtype, reduce-scatter dtype) of a MixedPrecisionPolicy: as FSDP2, the
+    gradient is reduced in ``param_dtype`` when ``reduce_dtype`` is not given."""
+    return mp.param_dtype, mp.reduce_dtype or mp.param_dtype
+
+
+def _check_sharded(name: str, p: torch.Tensor) -> None:
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(p, DTensor):
+        raise ValueError(f"torchtpu: parameter {name!r} is not sharded (a DTensor): apply fully_shard to the whole model")
+    if p.device_mesh.ndim != 1 or not isinstance(p.placements[0], Shard):
+        # HSDP and FSDP+TP meshes need other placements and gradient reductions: not done yet
+        raise NotImplementedError(
+            f"torchtpu: InGraphFSDP supports FSDP on a 1-D mesh; {name!r} is {p.placements} on {p.device_mesh}"
+        )
+
+
+def _is_fsdp_hook(hook: Any, states: list[Any]) -> bool:
+    return any(getattr(hook, "__self__", None) is s for s in states)
