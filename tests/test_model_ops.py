@@ -408,6 +408,18 @@ def test_embedding_bag_offsets(mode):
     check(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode), w, idx, offsets, **TOL)
     last = torch.tensor([0, 3, 3, 7, 9])  # include_last_offset: the last offset is len(indices)
     check(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, include_last_offset=True), w, idx, last, **TOL)
+    # A last offset short of len(indices): CUDA's kernel and the CPU's float64 kernel run the
+    # last bag to the end of the indices, ignoring that offset's value; the CPU's float32
+    # fast path (fbgemm) stops at it instead. We give CUDA's numbers, judged by float64.
+    wt = w.detach().to(TPU).requires_grad_()
+    got = F.embedding_bag(idx.to(TPU), wt, offsets.to(TPU), mode=mode, include_last_offset=True)
+    w64 = w.detach().double().requires_grad_()
+    want = F.embedding_bag(idx, w64, offsets, mode=mode, include_last_offset=True)
+    assert_close(got.cpu(), want.float(), **TOL)
+    cot = torch.randn(want.shape, dtype=torch.float64)
+    got.backward(cot.float().to(TPU))
+    want.backward(cot)
+    assert_close(wt.grad.cpu(), w64.grad.float(), **TOL)
     check(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, padding_idx=4), w, idx, offsets, **TOL)
 
 

@@ -94,9 +94,8 @@ def embedding_bag(
     n_bags = offsets.shape[0] - (1 if include_last_offset else 0)
     bag = _bags(L, indices, offsets, n_bags)
     valid = _valid(L, indices, padding_idx)
-    if include_last_offset:  # indices at or past the last offset belong to no bag
-        end = b.broadcast_in_dim(b.reshape(b.slice(L.to(offsets, torch.int64), [n_bags], [n_bags + 1]), ()), (n,), [])
-        valid = b.binary("and", valid, b.compare(b.iota((n,), 0, torch.int64), end, "LT"))
+    # include_last_offset: the last offset only ends the offsets (CSR); the last bag runs to
+    # the end of the indices whatever its value, in PyTorch's CPU and CUDA kernels alike
     rows = L.lower(aten.index_select.default, weight, 0, indices)  # (n, D)
     size = L.lower(aten.index_add.default, L.zeros((n_bags,), torch.int64), 0, bag, b.convert(valid, torch.int64))
     vmask = _expand(L, valid, d)
