@@ -4,7 +4,7 @@ a pytest outcome, and writing each file's results to ``build/opinfo-<name>.json`
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import pytest
@@ -46,9 +46,10 @@ class Results:
             )
 
 
-def conformance_test(name: str, cases: list[opinfo.Case], samples: int | None) -> tuple[Any, Any]:
+def conformance_test(name: str, cases: list[opinfo.Case], samples: int | None, slow: Collection[str] = ()) -> tuple[Any, Any]:
     """A test module's parametrized conformance test over ``cases`` and the autouse fixture
-    that writes its results to ``build/opinfo-<name>.json``; assign both at module level."""
+    that writes its results to ``build/opinfo-<name>.json``; assign both at module level.
+    Cases whose id is in ``slow`` run only outside ``make test`` (``-m slow``, ``make test-all``)."""
     results = Results(name)
 
     @pytest.fixture(scope="module", autouse=True)
@@ -56,7 +57,9 @@ def conformance_test(name: str, cases: list[opinfo.Case], samples: int | None) -
         yield
         results.write()
 
-    @pytest.mark.parametrize("case", cases, ids=[c.id for c in cases])
+    params = [pytest.param(c, id=c.id, marks=(pytest.mark.slow,) if c.id in slow else ()) for c in cases]
+
+    @pytest.mark.parametrize("case", params)
     def test(case: opinfo.Case) -> None:
         results.check(case, samples)
 
