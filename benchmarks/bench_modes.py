@@ -17,13 +17,6 @@ Rows:
   CPU eager            PyTorch on the host
 First step: DeferAndFuse's first step in a fresh process, cold (empty TORCHTPU_CACHE_DIR) and
 warm (the same directory again: executables come from the disk cache).
-Host cost per recorded op (DeferAndFuse, warm steps, a fresh process): the median per step of
-  kernel   time inside torchtpu's op kernel (dispatch.run, timed by a wrapper: ~1 us of it is
-           the wrapper's), per op recorded: wall, and CPU time of the calling thread (steadier
-           on a shared machine)
-  host     the step's host time (everything but the final wait for the device and the time
-           in PjRt's execute, which on the CPU client runs much of the program on the calling
-           thread: PyTorch's autograd and optimizer code, recording, flushing) per op recorded
 
 Env: MLP_N, WARM, JAX_PYTHON, JAX_BENCH, PEER_PYTHON, OUT=path.json
 Options: --jax-python PATH, --peer-python PATH
@@ -68,64 +61,6 @@ t2 = time.perf_counter()
 m = torchtpu.metrics.snapshot()
 print(json.dumps({"first_step_s": t2 - t1, "import_and_setup_s": t1 - t0, "compiles": m["compiles"], "disk_cache_hits": m["disk_cache_hits"]}))
 """
-
-
-HOST_COST_CHILD = r"""
-import json, statistics, sys, time
-import torch, torch.nn.functional as F, torchtpu
-from torchtpu.eager import deferred, dispatch
-sys.path.insert(0, sys.argv[1])
-import bench_compile as bc
-inside = [0.0, 0, 0.0]  # wall seconds, calls, CPU seconds of the calling thread
-_run = dispatch.run
-
-def timed_run(op, args, kwargs):  # installed before the op kernels are registered: they call it
-    t0, c0 = time.perf_counter(), time.thread_time()
-    try:
-        return _run(op, args, kwargs)
-    finally:
-        inside[0] += time.perf_counter() - t0
-        inside[1] += 1
-        inside[2] += time.thread_time() - c0
-
-dispatch.run = timed_run
-torchtpu.set_eager_mode("defer_and_fuse")
-model = bc.make_mlp().to("tpu")
-opt = torch.optim.SGD(model.parameters(), lr=bc.LR)
-x, y = bc.mlp_data("tpu")
-
-def step():
-    opt.zero_grad(set_to_none=True)
-    F.cross_entropy(model(x), y).backward()
-    opt.step()
-
-for _ in range(bc.WARM + 3):
-    step()
-    torch.tpu.synchronize()
-kernel, kernel_cpu, host, ops = [], [], [], []
-for _ in range(max(bc.MLP_N, 20)):
-    inside[:] = [0.0, 0, 0.0]
-    e0 = torchtpu.metrics.snapshot()["execute_seconds"]
-    t0 = time.perf_counter()
-    step()
-    deferred.flush("synchronize")
-    t1 = time.perf_counter()
-    torch.tpu.synchronize()
-    kernel.append(inside[0] / inside[1])
-    kernel_cpu.append(inside[2] / inside[1])
-    host.append((t1 - t0 - (torchtpu.metrics.snapshot()["execute_seconds"] - e0)) / inside[1])
-    ops.append(inside[1])
-print(json.dumps({"ops_per_step": statistics.median(ops), "kernel_us_per_op": statistics.median(kernel) * 1e6,
-                  "kernel_cpu_us_per_op": statistics.median(kernel_cpu) * 1e6, "host_us_per_op": statistics.median(host) * 1e6}))
-"""
-
-
-def host_cost() -> dict:
-    """DeferAndFuse's host time per recorded op on warm MLP steps (HOST_COST_CHILD)."""
-    run = subprocess.run(
-        [sys.executable, "-c", HOST_COST_CHILD, os.path.dirname(__file__)], capture_output=True, text=True, timeout=600
-    )
-    return json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {"error": run.stderr[-500:]}
 
 
 def stock_step(mode: str) -> dict:
@@ -178,7 +113,6 @@ def main() -> None:
     res["compiled_step"] = bc.mlp_whole_step_functional()
     res["cpu_eager"] = bc.mlp_module_step("cpu", None)
     res["first_step"] = first_steps()
-    res["defer_host_cost"] = host_cost()
     report(res)
     if os.environ.get("OUT"):
         with open(os.environ["OUT"], "w") as f:
@@ -213,15 +147,6 @@ def report(res: dict) -> None:
             print(f"tpu {ours} / reference system's {ours}: {res[ours]['step_s'] / res[theirs]['step_s']:.2f}")
     d = res["defer_and_fuse"]
     print(f"DeferAndFuse over the run: compiles={d['compiles']} executions={d['executions']} flushes={d['flushes_by_reason']}")
-    c = res["defer_host_cost"]
-    if "error" in c:
-        print(f"DeferAndFuse host cost per recorded op: error {c['error']}")
-    else:
-        print(
-            f"DeferAndFuse host cost per recorded op ({c['ops_per_step']:.0f} ops/step): "
-            f"{c['kernel_us_per_op']:.1f} us in torchtpu's kernel ({c['kernel_cpu_us_per_op']:.1f} us CPU), "
-            f"{c['host_us_per_op']:.1f} us of the step's host time"
-        )
     for label, r in res["first_step"].items():
         if "error" in r:
             print(f"first DeferAndFuse step, {label} cache: error {r['error']}")

@@ -45,33 +45,16 @@ _epochs = itertools.count(1)
 _local = threading.local()
 _SPECS = BoundedCache("DeferAndFuse op specs")  # op key -> _Spec
 _GRAPHS = BoundedCache("DeferAndFuse graphs")  # graph key -> _Compiled
-_TRACES = BoundedCache("DeferAndFuse op sequences")  # first op key -> _Trace of the last graph run
-_TRACE_PROGRAMS = 8  # programs one trace remembers (storage kinds, live results, donation)
 
 IN, ZEROS, NEW = "in", "zeros", "new"
 
 
-class _Out(NamedTuple):
-    """One new result of an op, worked out once per op key: the tensor's geometry (lists,
-    as ``new_tensor`` takes them) and its graph slot's ``Graph.kinds`` entry."""
-
-    sizes: list[int]
-    strides: list[int]
-    dtype: torch.dtype
-    numel: int
-    kind: tuple
-
-
-class _Spec:
+class _Spec(NamedTuple):
     """What recording an op needs to know without lowering it again."""
 
-    __slots__ = ("outputs", "out_tree", "updates", "checked")
-
-    def __init__(self, outputs: list[_Out | None], out_tree: Any, updates: list[int], checked: bool):
-        self.outputs = outputs  # per new result; None for an absent one
-        self.out_tree = out_tree  # pytree spec of the new results; None: a flat list
-        self.updates = updates  # call slots the op rewrites
-        self.checked = checked  # its lowering reports device-side checks: remember the user's line
+    outputs: list  # OutputSpec per new result; None for an absent one
+    out_tree: Any  # pytree spec of the new results; None: a flat list
+    updates: list[int]  # call slots the op rewrites
 
 
 class _Compiled:
@@ -85,13 +68,10 @@ class _Compiled:
 
 
 class _Node:
-    __slots__ = ("plan", "key", "lvalues", "gslots", "out_gslots", "scalar_types", "random", "where", "spec")
+    __slots__ = ("plan", "key", "lvalues", "gslots", "out_gslots", "scalar_types", "random", "where")
 
-    def __init__(
-        self, plan: OpPlan | None, key: tuple, lvalues: list, gslots: tuple, scalar_types: list, spec: _Spec | None = None
-    ):
+    def __init__(self, plan: OpPlan | None, key: tuple, lvalues: list, gslots: tuple, scalar_types: list):
         self.plan = plan  # None for a flat append (growth.py), lowered from its key
-        self.spec = spec  # the op key's _Spec (None for a flat append)
         self.key = key
         self.lvalues = lvalues  # the call's arguments with tensors dropped (they live in ``key``)
         self.gslots = gslots  # graph slot of each call slot
@@ -99,21 +79,6 @@ class _Node:
         self.scalar_types = scalar_types
         self.random = plan is not None and plan.random
         self.where = ""
-
-
-class _Trace:
-    """The op sequence of a graph that ran: the next graph that starts with the same op
-    follows it, and while every op matches (the same key on the same graph slots) it takes
-    that op's records from here instead of building and looking them up again, and at the
-    flush finds its program without hashing the whole sequence. A training step repeats
-    one sequence, so from its second run on only the inputs are new."""
-
-    __slots__ = ("keys", "nodes", "programs")
-
-    def __init__(self, keys: tuple, nodes: list[_Node]):
-        self.keys = keys  # per node (op key, graph slots): the graph key's first part
-        self.nodes = nodes
-        self.programs: dict[tuple, _Compiled] = {}  # rest of the graph key -> its program
 
 
 class Graph:
@@ -129,7 +94,6 @@ class Graph:
         self.operands: list[Any] = []  # Python-number and RNG-state buffers, in node order
         self.written: dict[int, None] = {}  # slots created or overwritten (ordered set)
         self.keys: list[tuple] = []
-        self.trace: _Trace | None = None  # the earlier sequence this graph has matched so far
         self.hooked_backward = -1
         self.lock = threading.RLock()
         self.flushed = False
@@ -151,14 +115,13 @@ class Graph:
         cell.gslot = (self.epoch, idx)
         return idx
 
-    def new_cell(self, numel: int, dtype: torch.dtype, kind: tuple | None = None) -> tuple[Cell, int]:
-        """A storage the graph creates; ``kind``: its ``kinds`` entry, when already made."""
+    def new_cell(self, numel: int, dtype: torch.dtype) -> tuple[Cell, int]:
         cell = Cell(numel, dtype)
         cell.lazy = self
         cell._count(True)  # memory_allocated counts it from now on, as a CUDA allocation would
         idx = len(self.cells)
         self.cells.append(weakref.ref(cell))
-        self.kinds.append(kind or (NEW, numel, dtype, cell.shape))
+        self.kinds.append((NEW, numel, dtype, cell.shape))
         cell.gslot = (self.epoch, idx)
         self.written[idx] = None
         return cell, idx
@@ -189,86 +152,43 @@ def _graph_for(cells: list[Cell], key: tuple) -> Graph:
     return g
 
 
-def _append_node(g: Graph, node: _Node, entry: tuple) -> None:
-    """Add ``node`` (graph key part ``entry``) to ``g``. A graph follows its trace while
-    each entry is the trace's own (``_traced`` found it)."""
-    trace = g.trace
-    if trace is not None:
-        i = len(g.nodes)
-        if i >= len(trace.keys) or trace.keys[i] is not entry:
-            g.trace = None
+def _append_node(g: Graph, node: _Node, key: tuple) -> None:
     g.nodes.append(node)
-    g.keys.append(entry)
-    task = torch._C._current_graph_task_id()
-    if task != -1 and g.hooked_backward != task:
-        _hook_backward(g, task)
-
-
-def _traced(g: Graph, plan: OpPlan, key: tuple, gslots: tuple) -> tuple[_Node, tuple] | None:
-    """The trace's next node and graph key entry when this call repeats it (the same op
-    key on the same graph slots), else None. A graph's first op picks the trace."""
-    i = len(g.nodes)
-    trace = g.trace if i else _TRACES.get(key)
-    g.trace = trace
-    if trace is None or i >= len(trace.keys):
-        return None
-    entry = trace.keys[i]
-    if entry[1] == gslots and entry[0] == key and trace.nodes[i].plan is plan:
-        return trace.nodes[i], entry
-    return None
+    g.keys.append((key, node.gslots))
+    _hook_backward(g)
 
 
 def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
     g = _graph_for(call.cells, key)
-    epoch = g.epoch
-    gslots = tuple([tag[1] if (tag := c.gslot) is not None and tag[0] == epoch else g.slot(c) for c in call.cells])
-    hit = _traced(g, plan, key, gslots)
-    if hit is not None and not hit[0].spec.checked:
-        # the trace's record serves: the key fixes everything its lowering reads (a lifted
-        # Python number's value is an operand, not part of the program)
-        node, entry = hit
-        spec = node.spec
-        fresh = False
-    else:
-        spec = hit[0].spec if hit is not None else _SPECS.get(key)
-        if spec is None:
-            spec = _SPECS[key] = _spec(plan, values, call, key)
-        node = _Node(plan, key, _drop_tensors(plan, values), gslots, call.scalar_types, spec)
-        entry = (key, gslots) if hit is None else hit[1]
-        if spec.checked:  # a device-side check is blamed on the user's line of this call
-            node.where = checks.user_source_line()
-        fresh = True
+    spec = _SPECS.get(key)
+    if spec is None:
+        spec = _SPECS[key] = _spec(plan, values, call, key)
+    specs, out_tree, updates = spec.outputs, spec.out_tree, spec.updates
+    gslots = tuple(g.slot(c) for c in call.cells)
+    lvalues = [None if k == KIND_TENSOR_LIST or (k == KIND_TENSOR and isinstance(v, torch.Tensor)) else v for k, v in zip(plan.kinds, values)]
+    node = _Node(plan, key, lvalues, gslots, call.scalar_types)
+    if key in _CHECKED:
+        node.where = checks.user_source_line()
     g.operands.extend(call.scalars)
     if plan.random:
         g.operands.append(rng.next_state_buffer())
     new = []
-    for out in spec.outputs:
-        if out is None:
+    for s in specs:
+        if s is None:
             new.append(None)
             continue
-        cell, idx = g.new_cell(out.numel, out.dtype, out.kind)
-        if fresh:
-            node.out_gslots.append(idx)
-        new.append(new_tensor(cell, out.sizes, out.strides, 0, out.dtype))
-    for slot in spec.updates:
-        call.cells[slot].lazy = g
+        cell, idx = g.new_cell(s[3], s[2])
+        node.out_gslots.append(idx)
+        new.append(new_tensor(cell, s[0], s[1], 0, s[2]))
+    for slot in updates:
+        cell = call.cells[slot]
+        cell.lazy = g
         g.written[gslots[slot]] = None
-    _append_node(g, node, entry)
-    result = plan.returns(values, new if spec.out_tree is None else torch.utils._pytree.tree_unflatten(new, spec.out_tree))
+    _append_node(g, node, key)
+    result = plan.returns(values, new if out_tree is None else torch.utils._pytree.tree_unflatten(new, out_tree))
     if len(g.nodes) >= MAX_NODES:
         _flush_graph(g, "size")
     return result
-
-
-def _drop_tensors(plan: OpPlan, values: list[Any]) -> list[Any]:
-    """The call's arguments without its tensors (the key holds their geometry): a record
-    must not keep a tensor, or its storage, alive."""
-    out = values.copy()
-    kinds = plan.kinds
-    for i in plan.tensor_positions:
-        if kinds[i] == KIND_TENSOR_LIST or isinstance(out[i], torch.Tensor):
-            out[i] = None
-    return out
 
 
 def record_append(a: growth.Append, operand: Any) -> torch.Tensor:
@@ -280,7 +200,7 @@ def record_append(a: growth.Append, operand: Any) -> torch.Tensor:
     g.operands.extend(operand(n) for n in a.operands)
     cell, idx = g.new_cell(a.capacity, a.dtype)
     node.out_gslots.append(idx)
-    _append_node(g, node, (a.key, node.gslots))
+    _append_node(g, node, a.key)
     result = a.result(cell)
     if len(g.nodes) >= MAX_NODES:
         _flush_graph(g, "size")
@@ -307,15 +227,14 @@ def _spec(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> _Spec:
     pb, low = lower_single(plan, values, call)
     if pb.ctx.checks:
         _CHECKED.add(key)
-    outputs = [
-        None if s is None else _Out(list(s.sizes), list(s.strides), s.dtype, s.numel, (NEW, s.numel, s.dtype, (s.numel,)))
-        for s in low.specs
-    ]
-    return _Spec(outputs, None if low.simple else low.out_tree, list(low.updates), key in _CHECKED)
+    return _Spec(low.specs, None if low.simple else low.out_tree, list(low.updates))
 
 
-def _hook_backward(g: Graph, task: int) -> None:
-    """Inside ``backward()`` (graph task ``task``), run the graph when the autograd engine finishes."""
+def _hook_backward(g: Graph) -> None:
+    """Inside ``backward()``, run the graph when the autograd engine finishes."""
+    task = torch._C._current_graph_task_id()
+    if task == -1 or g.hooked_backward == task:
+        return
     g.hooked_backward = task
     torch.autograd.Variable._execution_engine.queue_callback(lambda: _flush_graph(g, "backward"))
 
@@ -391,7 +310,15 @@ def _run_graph(g: Graph, reason: str) -> None:
         if cell is not None:
             live.append((idx, cell))
     donated = _donatable(g, live)
-    compiled = _program(g, (tuple(g.kinds[i] for i in g.input_slots), tuple(i for i, _ in live), donated), live, donated)
+    gkey = (tuple(g.keys), tuple(g.kinds[i] for i in g.input_slots), tuple(i for i, _ in live), donated)
+    compiled = _GRAPHS.get(gkey)
+    if compiled is None:
+        compiled = _compile(g, [i for i, _ in live], donated)
+        if _spans.explain is not None:  # why a new program: the first node that differs
+            _spans.explain.graph_program(g.nodes, gkey, _GRAPHS)
+        _GRAPHS[gkey] = compiled
+    else:
+        metrics.add("cache_hits")
     for i in donated:  # the cell gets the program's output; drop our last references
         cell = g.cells[g.input_slots[i]]()
         if cell is not None:
@@ -410,35 +337,6 @@ def _run_graph(g: Graph, reason: str) -> None:
         cell = ref()
         if cell is not None and cell.lazy is g:
             cell.lazy = None
-
-
-def _program(g: Graph, rest: tuple, live: list[tuple[int, Cell]], donated: tuple[int, ...]) -> _Compiled:
-    """The graph's program. The graph key is (per node (op key, graph slots), ``rest``:
-    input storage kinds, live results, donated inputs); a graph that followed its trace to
-    the end asks the trace first, by ``rest`` alone."""
-    trace = g.trace
-    if trace is not None and len(g.nodes) == len(trace.keys):
-        compiled = trace.programs.get(rest)
-        if compiled is not None:
-            metrics.add("cache_hits")
-            return compiled
-        keys = trace.keys
-    else:
-        keys = tuple(g.keys)
-        trace = _TRACES[keys[0][0]] = _Trace(keys, list(g.nodes))  # the sequence the next graph may repeat
-    gkey = (keys, *rest)
-    compiled = _GRAPHS.get(gkey)
-    if compiled is None:
-        compiled = _compile(g, [i for i, _ in live], donated)
-        if _spans.explain is not None:  # why a new program: the first node that differs
-            _spans.explain.graph_program(g.nodes, gkey, _GRAPHS)
-        _GRAPHS[gkey] = compiled
-    else:
-        metrics.add("cache_hits")
-    if len(trace.programs) >= _TRACE_PROGRAMS:
-        trace.programs.clear()
-    trace.programs[rest] = compiled
-    return compiled
 
 
 def _donatable(g: Graph, live: list[tuple[int, Cell]]) -> tuple[int, ...]:
@@ -473,9 +371,6 @@ def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
         _lower_node(pb.ctx, g, node, values)
         if len(pb.ctx.checks) > before:
             _CHECKED.add(node.key)
-            spec = _SPECS.get(node.key)
-            if spec is not None:  # later records of the op remember the user's line
-                spec.checked = True
             blame_nodes.extend([n] * (len(pb.ctx.checks) - before))
     results = [(idx, values[idx], g.kinds[idx][3]) for idx in live]
     donate = [g.input_slots[i] for i in donated]
@@ -531,4 +426,3 @@ def _meta_args(node: _Node, g: Graph) -> tuple[list[Any], Any]:
 def clear_cache() -> None:
     _SPECS.clear()
     _GRAPHS.clear()
-    _TRACES.clear()

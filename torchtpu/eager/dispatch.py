@@ -31,7 +31,7 @@ from ..runner.program import OutputSpec, ProgramBuilder, StorageProgram, device_
 from ..runtime import pjrt
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, new_tensor
-from . import deferred, growth, modes, rng, validate
+from . import growth, modes, rng, validate
 from .oplower import RUNTIME_OFFSET, lifted, lower_single
 from .plan import (
     KIND_SCALAR,
@@ -105,7 +105,6 @@ class _Call:
         self.scalar_types: list[type | str] = []
 
     def tensor(self, t: torch.Tensor) -> tuple:
-        """The key entry of tensor argument ``t`` (on tpu): its storage slot and geometry."""
         try:
             cell = t.untyped_storage()._cell  # cell_of, inlined: once per tensor argument
         except AttributeError:
@@ -115,14 +114,12 @@ class _Call:
             slot = self.slot_of[id(cell)] = len(self.cells)
             self.cells.append(cell)
         self.tensors.append(t)
-        shape, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
+        shape, offset = tuple(t.shape), t.storage_offset()
         if offset:
             self.scalars.append(device_scalar(offset, int))
             self.scalar_types.append(RUNTIME_OFFSET)
             offset = RUNTIME_OFFSET
-        if 1 in shape:
-            strides = key_strides(shape, strides)
-        return (slot, t.dtype, shape, strides, offset, t.is_conj(), t.is_neg())
+        return (slot, t.dtype, shape, key_strides(shape, t.stride()), offset, t.is_conj(), t.is_neg())
 
     def scalar(self, v: Any, lift: bool) -> Any:
         tp = type(v)
@@ -147,37 +144,25 @@ def key_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, 
     return tuple(out)
 
 
-def _tpu_tensor(t: torch.Tensor) -> bool:
-    """Is ``t`` a tpu tensor? A storage with a cell answers without asking for ``t.device``;
-    the rest (CPU tensors, a tpu storage torchtpu did not make) take the full check."""
-    try:
-        t.untyped_storage()._cell  # noqa: B018 - the attribute lookup is the test
-        return True
-    except Exception:  # noqa: BLE001 - no cell, or no storage at all (sparse): ask the device
-        return t.device.type == "tpu"
-
-
 def _collect(plan: OpPlan, values: list[Any]) -> _Call:
     call = _Call()
     key = call.key
     key.append(plan.op)
     lift = plan.lift_scalars
-    tensor = call.tensor
-    for i, kind in enumerate(plan.kinds):
-        v = values[i]
+    for i, (kind, v) in enumerate(zip(plan.kinds, values)):
         if kind == KIND_TENSOR:
             if v is None:
                 key.append(None)
             elif isinstance(v, torch.Tensor):
-                if not _tpu_tensor(v):  # a CPU 0-d tensor is moved (as CUDA does); others raise
+                if v.device.type != "tpu":  # a CPU 0-d tensor is moved (as CUDA does); others raise
                     v = values[i] = _to_device_scalar_tensor(v)
-                key.append(tensor(v))
+                key.append(call.tensor(v))
             else:  # a Python number where the schema says Tensor (e.g. x.mul_(0.9))
                 key.append(call.scalar(v, lift))
         elif kind == KIND_TENSOR_LIST:
-            if not all(t is None or _tpu_tensor(t) for t in v):
+            if any(t is not None and t.device.type != "tpu" for t in v):
                 v = values[i] = [t if t is None or t.device.type == "tpu" else _to_device_scalar_tensor(t) for t in v]
-            key.append(tuple([None if t is None else tensor(t) for t in v]))
+            key.append(tuple(None if t is None else call.tensor(t) for t in v))
         elif kind == KIND_SCALAR:
             key.append(call.scalar(v, lift))
         elif kind == KIND_SCALAR_LIST and lift and v:
@@ -207,6 +192,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
             if op_report.recorder is not None:
                 _report(plan)
             if mode == modes.DEFER:
+                from . import deferred
+
                 return deferred.record_append(append, _int_operand)
             return growth.run_append(append, run_utility, _int_operand)
     if plan.out_positions:
@@ -219,6 +206,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     if donate:
         key = key + (("donate", donate),)
     if mode == modes.DEFER:
+        from . import deferred
+
         try:
             out = deferred.record(plan, values, call, key)
         except NotImplementedError:
@@ -298,6 +287,8 @@ def synchronize() -> None:
     """Run pending deferred work, wait for every enqueued program, surface async errors."""
     if not pjrt.started():
         return
+    from . import deferred
+
     deferred.flush("synchronize")
     bufs = take_pending()
     pjrt.get().block(bufs)

@@ -8,6 +8,7 @@ is what gets lowered, and its extra results are written back into the mutated te
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -112,12 +113,6 @@ class OpPlan:
         # sum(x, 0, out=long_tensor): the CPU computes in out's dtype when dtype= is not given
         self.dtype_from_out = bool(self.out_positions) and schema.name.split("::")[1] in _DTYPE_FROM_OUT
         self.random = functional in registry.RANDOM
-        # argument positions that may hold tensors (DeferAndFuse drops them from its records)
-        self.tensor_positions = [i for i, k in enumerate(self.kinds) if k in (KIND_TENSOR, KIND_TENSOR_LIST)]
-        # the common return shapes, answered without building a list: one new result, or
-        # all results new and in order
-        self.one_new = self.return_sources == [("new", 0)]
-        self.all_new = len(self.return_sources) > 1 and all(src == ("new", i) for i, src in enumerate(self.return_sources))
 
     def _return_sources(self, schema: Any) -> list[tuple[str, int]]:
         sources = []
@@ -183,10 +178,6 @@ class OpPlan:
         return out
 
     def returns(self, values: list[Any], plain: list[Any]) -> Any:
-        if self.one_new:
-            return plain[0]
-        if self.all_new and len(plain) == len(self.return_sources):
-            return tuple(plain)
         res = [values[i] if kind == "arg" else plain[i] for kind, i in self.return_sources]
         if not res:
             return None
@@ -223,13 +214,6 @@ def _meta(v: Any) -> Any:
     return v
 
 
-_PLANS: dict[int, OpPlan] = {}
-
-
+@functools.cache
 def plan_for(op: torch._ops.OpOverload) -> OpPlan:
-    # keyed by id: OpOverload.__hash__ is a Python method, and this runs once per op call;
-    # the plan holds its op, so the id is never reused while the entry lives
-    plan = _PLANS.get(id(op))
-    if plan is None or plan.op is not op:
-        plan = _PLANS[id(op)] = OpPlan(op)
-    return plan
+    return OpPlan(op)

@@ -21,8 +21,6 @@ _CPU_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _create_impl = torch._C._acc.create_empty_tensor
 _make_storage = torch._C._construct_storage_from_data_pointer
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset.redispatch
-# the same call without OpOverload.redispatch's Python frame (new_tensor runs once per op result)
-_set_storage_boxed = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 
 # Storages need unique, non-null data pointers (torch.save and overlap checks read them);
 # they are opaque handles, spaced so that no two storages' byte ranges overlap.
@@ -110,17 +108,12 @@ def new_tensor(
     offset: int,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """A tpu tensor viewing ``cell`` with the given geometry (``sizes`` and ``strides``
-    as lists or tuples)."""
-    t = _create_impl(_EMPTY, dtype)
-    nbytes = cell.nbytes
-    storage = _make_storage(_fake_pointer(nbytes), DEVICE, nbytes)
-    _set_storage_boxed(_CPU_KEYSET, t, storage, offset, sizes, strides)
+    """A tpu tensor viewing ``cell`` with the given geometry."""
+    t = _create_impl([0], dtype)
+    storage = _make_storage(_fake_pointer(cell.nbytes), DEVICE, cell.nbytes)
+    _set_storage(_CPU_KEYSET, t, storage, offset, list(sizes), list(strides))
     storage._cell = cell
     return t
-
-
-_EMPTY = [0]
 
 
 def attach(t: torch.Tensor, cell: Cell, sizes: Sequence[int], strides: Sequence[int], offset: int = 0) -> None:
