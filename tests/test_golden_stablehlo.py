@@ -380,3 +380,24 @@ def test_weight_norm_backward_is_one_reduction() -> None:
 
 
 FAMILIES["weight_norm"] = test_weight_norm_backward_is_one_reduction
+
+
+def test_collectives_all_reduce_over_a_2x2_mesh_dimension() -> None:
+    # functional collectives need their program's replica layout: test_compile_collectives'
+    # graph-level helper sets it; a 4-replica program whose group splits it into two pairs
+    from test_compile_collectives import _lower
+
+    from torchtpu.lowering.collectives import ReplicaLayout
+
+    f = torch.ops._c10d_functional
+
+    def fn(x):
+        return f.wait_tensor.default(f.all_reduce.default(x, "sum", "tp"))
+
+    text = _lower(fn, ReplicaLayout((0, 1, 2, 3), {"tp": ((0, 1), (2, 3))}), (4,), (4,))
+    assert text.count('"stablehlo.all_reduce"') == 1 and '"stablehlo.add"' in text
+    assert "replica_groups = dense<[[0, 1], [2, 3]]> : tensor<2x2xi64>" in text
+    assert signature(text).endswith("-> (tensor<4xf32>) {")
+
+
+FAMILIES["collectives"] = test_collectives_all_reduce_over_a_2x2_mesh_dimension
