@@ -63,3 +63,28 @@ def test_every_recorded_failure_has_a_reason() -> None:
         assert xf.lookup(xf.XFAIL, *key) is not None, f"{key} fails as recorded, but no XFAIL reason says why"
     for key in xf.XFAIL:
         assert any(xf.lookup({key: ""}, *case) is not None for case in xf.OBSERVED), f"XFAIL {key} explains no recorded failure"
+
+
+
+def test_frame_walking_extract_test_fn_finds_what_pytorchs_finds() -> None:
+    """The harness swaps PyTorch's ``extract_test_fn`` (``inspect.stack()``, 80% of a case's
+    time) for a frame walk: both must name the same TestCase method, or None outside one,
+    since OpInfo seeds each sample from that method's name."""
+    import unittest
+
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    opinfo.op_db()  # installs the frame walk
+    assert common_utils.extract_test_fn is opinfo._extract_test_fn is core.extract_test_fn
+    pytorchs = opinfo._PYTORCHS_EXTRACT_TEST_FN
+    found = {}
+
+    class TestFoo(unittest.TestCase):
+        def test_bar(self) -> None:
+            found["ours"], found["pytorch"] = opinfo._extract_test_fn(), pytorchs()
+
+    with open(os.devnull, "w") as devnull:
+        assert unittest.TextTestRunner(stream=devnull).run(TestFoo("test_bar")).wasSuccessful()
+    assert found == {"ours": TestFoo.test_bar, "pytorch": TestFoo.test_bar}
+    assert opinfo._extract_test_fn() is None and pytorchs() is None
