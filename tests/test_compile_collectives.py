@@ -109,11 +109,37 @@ def test_collectives_and_tensor_parallel_step_in_one_program(tmp_path: Path) -> 
     (DTensor + parallelize_module, Colwise/RowwiseParallel): forward, backward, the SGD
     update and their all_reduces are ONE program per step, nothing compiles after step 1,
     and the losses are the single-process run's. One launch: start-up is most of the time."""
-    _check_rc(spawn(SCRIPT, "collectives,tp", out=tmp_path, timeout=240, **XLA))
+    _check_rc(spawn(SCRIPT, "collectives,tp,mismatch", out=tmp_path, timeout=240, **XLA))
     _assert_all_ok(tmp_path, 2, 15)
     for res in _tp_results(tmp_path):
         assert all(c == {"executions": 1, "compiles": 0} for c in res["counts"][1:]), res["counts"]
         assert res["counts"][0]["executions"] == 1 and res["warnings"] == [], res
+    _assert_mismatches_are_errors(tmp_path)
+
+
+def _assert_mismatches_are_errors(out: Path) -> None:
+    """(3) Compiled functions whose collectives depend on the rank raise CollectiveMismatchError
+    on every rank, naming each rank's collective (before, a different reduce op mixed the
+    ranks' values silently: [4, 4, 2, 2]; a different length aborted rank 0 in gloo); a
+    rank's own constant leaves the collectives alike and runs: sum of x * (rank + 1)."""
+    for r in range(2):
+        res = _read(out, f"rank{r}.json")["mismatch"]
+        for case, differs in (("reduce_op", "all_reduce(maximum)"), ("shape", "tensor<6xf32>")):
+            error = res[case]
+            assert error and error.startswith("CollectiveMismatchError: "), (case, error)
+            assert "rank 0:" in error and "rank 1:" in error and differs in error, (case, error)
+        assert res["constant"] == [3.0] * 4
+
+
+@pytest.mark.slow
+def test_a_program_only_one_rank_builds_is_an_error_within_the_timeout(tmp_path: Path) -> None:
+    """Rank 1 compiles a graph with a collective that rank 0 never compiles: rank 1 raises
+    CollectiveMismatchError naming rank 0 after the group's timeout (10 s here)."""
+    _check_rc(spawn(SCRIPT, "lonely", out=tmp_path, timeout=120, TORCHTPU_TEST_TIMEOUT="10", **XLA))
+    lonely = _read(tmp_path, "rank1.json")["lonely"]
+    assert lonely["error"].startswith("CollectiveMismatchError: torchtpu: rank 0 built no program"), lonely
+    assert 9 <= lonely["seconds"] < 60, lonely
+    assert _read(tmp_path, "rank0.json")["lonely"]["error"] is None
 
 
 @pytest.mark.slow

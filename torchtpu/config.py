@@ -31,7 +31,12 @@ ENV_VARS: dict[str, EnvVar] = {
             "Transport of the 'tpu' process group: xla (collectives as XLA programs) or host (gloo on host copies). "
             "Empty: host on the cpu platform, xla on tpu and cuda.",
         ),
-        EnvVar("TORCHTPU_DIST_CHECK", "1", "1: before each collective, check that all ranks called the same one with matching tensors."),
+        EnvVar(
+            "TORCHTPU_DIST_CHECK",
+            "1",
+            "1: before each collective, check that all ranks called the same one with matching tensors, and that "
+            "every rank compiled a program with collectives alike.",
+        ),
         EnvVar(
             "TORCHTPU_CACHE_DIR",
             "~/.cache/torchtpu",

@@ -7,6 +7,9 @@ collectives  a compiled function with every functional collective, against gloo 
 tp           a compiled tensor-parallel MLP training step (forward, backward, SGD) against the
              same training in one process; the programs and compiles of every step
 kill         rank 1 is SIGKILLed after warm-up; rank 0 runs the compiled step again
+mismatch     compiled functions whose collectives depend on the rank (reduce op, shape): an
+             error on every rank, not mixed values or a gloo abort; a rank's own constant is fine
+lonely       rank 1 compiles a graph with a collective that rank 0 never compiles
 
 Writes $TORCHTPU_TEST_OUT/rank<r>.json: {scenario: result}, where collectives' result is
 {name: "ok" | error} and tp's the losses and per-step counts; kill writes {"error": ...,
@@ -221,6 +224,50 @@ def tp() -> dict:
     }
 
 
+def _error_of(fn: Callable[[], object]) -> str | None:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def mismatch() -> dict:
+    group = dist.group.WORLD
+
+    @torch.compile(backend="tpu", fullgraph=True)
+    def reduce_op(x: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(x, "sum" if RANK == 0 else "max", group)
+
+    @torch.compile(backend="tpu", fullgraph=True)
+    def scaled(x: torch.Tensor) -> torch.Tensor:  # a rank's own constant: the same collectives
+        return funcol.all_reduce(x * (RANK + 1), "sum", group)
+
+    x = torch.ones(4, device="tpu")
+    return {
+        "reduce_op": _error_of(lambda: reduce_op(x).cpu()),
+        "shape": _error_of(lambda: scaled(torch.ones(4 if RANK == 0 else 6, device="tpu")).cpu()),
+        "constant": scaled(x).cpu().tolist(),
+    }
+
+
+def lonely() -> dict:
+    @torch.compile(backend="tpu", fullgraph=True)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(x, "sum", dist.group.WORLD)
+
+    t0 = time.perf_counter()
+    error = _error_of(lambda: f(torch.ones(4, device="tpu")).cpu()) if RANK == 1 else None
+    seconds = time.perf_counter() - t0
+    # rank 0 stays until rank 1 has given up waiting for it (a barrier would time out first)
+    store = dist.distributed_c10d._get_default_store()
+    if RANK == 1:
+        store.set("lonely_done", "1")
+    else:
+        store.wait(["lonely_done"], timedelta(seconds=100))
+    return {"error": error, "seconds": seconds}
+
+
 def kill() -> None:
     step = training_step(tp_model())
     batch = [t.to("tpu") for t in batches()[0]]
@@ -239,5 +286,5 @@ if __name__ == "__main__":
     if scenarios == ["kill"]:
         kill()
     else:
-        report({s: {"collectives": collectives, "tp": tp}[s]() for s in scenarios})
+        report({s: {"collectives": collectives, "tp": tp, "mismatch": mismatch, "lonely": lonely}[s]() for s in scenarios})
         dist.destroy_process_group()

@@ -128,6 +128,7 @@ class ProgramBuilder:
         if self.group is None:
             key, _ = cache.compile_keyed(text, what)
         else:  # compiled now, like every other program, not at its first run
+            rdist.agree_on_collectives(text, self.group, what)
             key = cache.program_key(text)
             rdist.group_executable(key, text, self.group, what)
         messages = [m for _, m in self.ctx.checks]

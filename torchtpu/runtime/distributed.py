@@ -24,7 +24,9 @@ rank. The helper serves until the last rank's process has ended (see ``_coordina
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import re
 import select
 import socket
 import subprocess
@@ -58,6 +60,12 @@ class Store(Protocol):
 
 class CollectiveError(TpuRuntimeError):
     """A collective program failed: a peer died, timed out, or the group's links are closed."""
+
+
+class CollectiveMismatchError(CollectiveError):
+    """The ranks of a group built programs whose collectives differ: run, they would meet
+    in the wrong collectives (silently mixed values, or gloo aborting the process on a
+    size mismatch), so no rank runs them."""
 
 
 class Cluster:
@@ -267,6 +275,83 @@ def compile_for_group(text: str, ranks: Sequence[int], what: str) -> pjrt.Execut
     metrics.add("compiles")
     metrics.add("compile_seconds", time.perf_counter() - t0)
     return exe
+
+
+# A collective op of our StableHLO text, with an all_reduce's region (its combiner), its
+# attributes and its types: `%v6 = "stablehlo.all_reduce"(%v2) ({ ...region... }) {attrs} : (types) -> type`.
+_COLLECTIVE = re.compile(
+    r'"stablehlo\.(all_reduce|all_gather|all_to_all|collective_permute|reduce_scatter|collective_broadcast)"'
+    r"\([^)]*\)\s*(?:\(\{(?P<region>.*?)\}\)\s*)?(?:<)?\{(?P<attrs>[^\n]*?)\}(?:>)?\s*:\s*(?P<types>[^\n]*)",
+    re.DOTALL,
+)
+_COMBINER = re.compile(r'"stablehlo\.(\w+)"')
+
+
+def collective_signature(text: str) -> list[str]:
+    """The collectives of program ``text`` in program order: op (an all_reduce with its
+    combiner), attributes (replica groups, dimensions) and types. What the ranks of a group
+    must agree on; the rest of their programs may differ (a rank's own constants)."""
+    out = []
+    for m in _COLLECTIVE.finditer(text):
+        combiner = _COMBINER.search(m.group("region") or "")
+        op = m.group(1) + (f"({combiner.group(1)})" if combiner else "")
+        out.append(f"{op} {{{m.group('attrs')}}} : {m.group('types').strip()}")
+    return out
+
+
+_agreements: dict[tuple[int, ...], int] = {}  # group -> programs agreed on so far
+
+
+def agree_on_collectives(text: str, ranks: Sequence[int], what: str) -> None:
+    """Check that every rank of ``ranks`` built a program with the same collectives as
+    ``text`` for its next program over this group (the n-th program each rank builds for
+    a group is compared with the others' n-th), through the distributed runtime's
+    key-value store; raise ``CollectiveMismatchError`` on every rank that sees a difference
+    or a peer that builds nothing within the group's timeout. One exchange per program
+    built, none per run: a compiled function whose code or shapes depend on the rank
+    fails here, with both descriptions, instead of mixing values or aborting in gloo."""
+    c = _cluster
+    if c is None or len(ranks) < 2 or not config.flag("TORCHTPU_DIST_CHECK"):
+        return
+    group = tuple(int(r) for r in ranks)
+    n = _agreements.get(group, 0)
+    _agreements[group] = n + 1
+    prefix = f"torchtpu/programs/{'-'.join(map(str, group))}/{n}"
+    mine = {"what": what, "collectives": collective_signature(text)}
+    c.client.key_value_set(f"{prefix}/{c.rank}", json.dumps(mine))
+    wait_ms = max(1000, int(c.timeout_s * 1000))
+    theirs = {c.rank: mine}
+    for r in group:
+        if r == c.rank:
+            continue
+        try:
+            theirs[r] = json.loads(c.client.blocking_key_value_get(f"{prefix}/{r}", wait_ms))
+        except pjrt.get()._jax.JaxRuntimeError as e:
+            raise CollectiveMismatchError(
+                f"torchtpu: rank {r} built no program number {n} for group {list(group)} within {c.timeout_s:g}s, "
+                f"while rank {c.rank} built {what} with {len(mine['collectives'])} collective(s): every rank of a "
+                "group must compile the same graphs in the same order (a rank-dependent branch, shape or recompile "
+                f"makes them differ; set TORCHTPU_DIST_CHECK=0 to skip this check). ({_first_line(e)})"
+            ) from e
+    if any(t["collectives"] != mine["collectives"] for t in theirs.values()):
+        raise CollectiveMismatchError(_mismatch_message(group, theirs))
+
+
+def _mismatch_message(group: tuple[int, ...], programs: dict[int, dict[str, Any]]) -> str:
+    """Which collective differs first, and each rank's version of it."""
+    sigs = {r: p["collectives"] for r, p in programs.items()}
+    longest = max(len(s) for s in sigs.values())
+    first = next(i for i in range(longest) if len({tuple(s[i:i + 1]) for s in sigs.values()}) > 1)
+    lines = [
+        f"  rank {r}: {programs[r]['what']}, {len(sigs[r])} collective(s); "
+        f"collective {first}: {sigs[r][first] if first < len(sigs[r]) else '(none)'}"
+        for r in sorted(sigs)
+    ]
+    return (
+        f"torchtpu: the ranks of group {list(group)} compiled programs with different collectives, which cannot "
+        "run together:\n" + "\n".join(lines) + "\nEvery rank must run the same compiled code with the same shapes "
+        "and dtypes (look for code or shapes that depend on the rank; set TORCHTPU_DIST_CHECK=0 to skip this check)."
+    )
 
 
 _group_programs: OrderedDict[tuple[str, tuple[int, ...]], pjrt.Executable] = OrderedDict()
