@@ -69,6 +69,20 @@ def test_broadcast_root_is_a_group_rank_of_each_block() -> None:
     assert "dense<2> : tensor<ui32>" in text and "dense<3> : tensor<ui32>" in text
 
 
+def test_collective_signature_names_op_reduction_groups_and_types() -> None:
+    """What the ranks compare before running a program with collectives (a rank's own
+    constants are not part of it; the collectives' order, ops, reductions and types are)."""
+    from torchtpu.distributed import xla_programs as P
+    from torchtpu.runtime.distributed import collective_signature
+
+    total = collective_signature(P.all_reduce([(4,), (2, 3)], torch.float32, "sum", 2))
+    assert total == ["all_reduce(add) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>} : (tensor<10xf32>) -> tensor<10xf32>"]
+    assert collective_signature(P.all_reduce([(4,), (2, 3)], torch.float32, "max", 2)) != total
+    assert collective_signature(P.all_reduce([(4,), (2, 2)], torch.float32, "sum", 2)) != total
+    gathered = collective_signature(P.all_gather((4,), torch.float32, 2, [(8,)]))
+    assert gathered == ["all_gather {all_gather_dim = 0 : i64, replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>} : (tensor<1x4xf32>) -> tensor<2x4xf32>"]
+
+
 def test_collective_without_a_layout_is_a_clear_error() -> None:
     def fn(x):
         return _F.all_reduce.default(x, "sum", "0")
