@@ -15,8 +15,13 @@ Rows:
   peer DeferAndFuse    in its DEFER_AND_FUSE mode, on an XLA CPU PjRT plugin: peer_mlp.py run by
                        --peer-python or PEER_PYTHON (skipped with a note when neither is given)
   CPU eager            PyTorch on the host
-First step: DeferAndFuse's first step in a fresh process, cold (empty TORCHTPU_CACHE_DIR) and
-warm (the same directory again: executables come from the disk cache).
+First step: the first step in a fresh process, cold (empty TORCHTPU_CACHE_DIR) and warm (the
+same directory again: executables come from the disk cache), for DeferAndFuse and for
+torch.compile(backend="tpu"): the one-program step and the compiled model (forward and
+backward graphs, eager SGD). A compiled first step runs from the torch.compile call to the
+synchronize after the step: AOTAutograd's import, Dynamo's tracing, AOTAutograd, our
+lowering and XLA's compile or the disk cache load (docs/compile.md, "First-step time").
+Dynamo's own import is shown apart (a script pays it when it builds its optimizer).
 
 Env: MLP_N, WARM, JAX_PYTHON, JAX_BENCH, PEER_PYTHON, OUT=path.json
 Options: --jax-python PATH, --peer-python PATH
@@ -63,6 +68,53 @@ print(json.dumps({"first_step_s": t2 - t1, "import_and_setup_s": t1 - t0, "compi
 """
 
 
+FIRST_COMPILED_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch, torch.nn.functional as F, torchtpu
+sys.path.insert(0, sys.argv[1])
+import bench_compile as bc
+kind = sys.argv[2]
+model = bc.make_mlp().to("tpu")
+x, y = bc.mlp_data("tpu")
+torch.tpu.synchronize()
+# Dynamo's import (~1 s, sympy included) is timed apart: a training script pays it before
+# its first step anyway, when it builds its optimizer (torch.optim imports torch._dynamo)
+t_dynamo = time.perf_counter()
+import torch._dynamo
+t_dynamo = time.perf_counter() - t_dynamo
+opt = torch.optim.SGD(model.parameters(), lr=bc.LR) if kind == "model" else None
+t1 = time.perf_counter()
+if kind == "step":  # bench_compile.functional_step, built here so that its tracing is in the window
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    def loss_fn(p, x, y):
+        return F.cross_entropy(torch.func.functional_call(model, p, (x,)), y)
+    def train_step(p, x, y):
+        grads, loss = torch.func.grad_and_value(loss_fn)(p, x, y)
+        for k in p:
+            p[k].sub_(grads[k], alpha=bc.LR)
+        return loss
+    compiled = torch.compile(train_step, backend="tpu", fullgraph=True)
+    loss = compiled(params, x, y)
+else:
+    fwd = torch.compile(model, backend="tpu")
+    opt.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(fwd(x), y)
+    loss.backward()
+    opt.step()
+torch.tpu.synchronize()
+t2 = time.perf_counter()
+m = torchtpu.metrics.snapshot()
+print(json.dumps({"first_step_s": t2 - t1, "import_and_setup_s": t1 - t0, "dynamo_import_s": t_dynamo, "compiles": m["compiles"],
+                  "disk_cache_hits": m["disk_cache_hits"], "loss": float(loss.item())}))
+"""
+FIRST_STEP_ROWS = (
+    ("DeferAndFuse", [FIRST_STEP_CHILD]),
+    ("compiled one-program step", [FIRST_COMPILED_CHILD, "step"]),
+    ("compiled model, eager SGD", [FIRST_COMPILED_CHILD, "model"]),
+)
+
+
 def stock_step(mode: str) -> dict:
     """The stock training loop (bench_compile's, uncompiled) under an eager mode."""
     torchtpu.metrics.reset()
@@ -74,18 +126,21 @@ def stock_step(mode: str) -> dict:
 
 
 def first_steps() -> dict:
-    cache = tempfile.mkdtemp(prefix="bench_modes_cache_")
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=cache)
+    """Per row, the first step in a fresh process with an empty disk cache, then warm."""
     out = {}
-    for label in ("cold", "warm"):
-        run = subprocess.run(
-            [sys.executable, "-c", FIRST_STEP_CHILD, os.path.dirname(__file__)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        out[label] = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {"error": run.stderr[-500:]}
+    for name, (script, *args) in FIRST_STEP_ROWS:
+        cache = tempfile.mkdtemp(prefix="bench_modes_cache_")
+        env = dict(os.environ, TORCHTPU_CACHE_DIR=cache)
+        for label in ("cold", "warm"):
+            run = subprocess.run(
+                [sys.executable, "-c", script, os.path.dirname(__file__), *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            ok = run.returncode == 0
+            out[f"{name}, {label}"] = json.loads(run.stdout.strip().splitlines()[-1]) if ok else {"error": run.stderr[-500:]}
     return out
 
 
@@ -149,10 +204,12 @@ def report(res: dict) -> None:
     print(f"DeferAndFuse over the run: compiles={d['compiles']} executions={d['executions']} flushes={d['flushes_by_reason']}")
     for label, r in res["first_step"].items():
         if "error" in r:
-            print(f"first DeferAndFuse step, {label} cache: error {r['error']}")
+            print(f"first step, {label} disk cache: error {r['error']}")
         else:
+            dynamo = f", import torch._dynamo before it {r['dynamo_import_s']:.2f} s" if "dynamo_import_s" in r else ""
             print(
-                f"first DeferAndFuse step, {label} disk cache: {r['first_step_s']:.3f} s  (compiles={r['compiles']}, disk hits={r['disk_cache_hits']})"
+                f"first step, {label} disk cache: {r['first_step_s']:.3f} s  (compiles={r['compiles']}, "
+                f"disk hits={r['disk_cache_hits']}{dynamo})"
             )
 
 

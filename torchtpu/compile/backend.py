@@ -81,6 +81,64 @@ def _decompositions() -> dict:
     return tracing_table()
 
 
+def _partition(
+    joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any
+) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """AOTAutograd's min-cut rematerialization partitioner, without its CSE pass when CSE
+    would merge nothing.
+
+    That CSE pass (``torch._functorch.config.cse``) imports ``torch._inductor.pattern_matcher``,
+    which pulls in Inductor's lowerings and decompositions: 0.5-1 s of the first compiled
+    training step, more than everything else AOTAutograd does for it. Joint graphs of
+    ordinary models have no duplicate node for it to merge, and then its output is the same
+    graph. So it runs only when the joint graph has two nodes it could merge (found the way
+    it finds them, without its narrowing conditions); else the partitioner runs with
+    ``cse=False`` patched for this one call only (Dynamo compiles one frame at a time, under
+    its compile lock), so the inductor backend and every other user of AOTAutograd keep
+    their CSE. Skipping CSE where it does merge would change the graphs (more activations
+    saved, other rounding in the backward), which is why this is no plain ``cse=False``.
+    """
+    from torch._functorch import config as functorch_config
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    if functorch_config.cse and not cse_candidates(joint.graph):
+        with functorch_config.patch(cse=False):
+            return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+    return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+
+def cse_candidates(graph: torch.fx.Graph) -> bool:
+    """Whether ``torch._functorch.compile_utils.fx_graph_cse`` could merge any two nodes of
+    ``graph``: two nodes (not placeholder, output or get_attr) with the same target and
+    equal arguments, keyed and compared exactly as that pass does (flattened arguments and
+    their tree specs; SymInts by their SymNode; the type of each argument in the hash, so
+    ``1`` and ``1.0`` differ). The pass merges a subset of these pairs (it also keeps apart
+    random ops, ``empty``, nodes aliasing an output and different mutation regions), so
+    ``False`` here means it would return the graph unchanged."""
+    from torch.utils._pytree import tree_flatten
+
+    def flat(args: Any) -> tuple[tuple, Any]:
+        leaves, spec = tree_flatten(args)
+        return tuple(a.node if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)) else a for a in leaves), spec
+
+    seen: dict[tuple, list[dict]] = {}
+    for n in graph.nodes:
+        if n.op in ("placeholder", "output", "get_attr"):
+            continue
+        args, args_spec = flat(n.args)
+        kwargs, kwargs_spec = flat(n.kwargs)
+        token = {"target": n.target, "args": args, "args_spec": args_spec, "kwargs": kwargs, "kwargs_spec": kwargs_spec}
+        try:
+            key = (n.target, hash((tuple((a, type(a)) for a in args), tuple((a, type(a)) for a in kwargs))))
+            tokens = seen.setdefault(key, [])
+            if any(t == token for t in tokens):
+                return True
+        except (TypeError, RuntimeError):  # unhashable or uncomparable arguments: let the pass decide
+            return True
+        tokens.append(token)
+    return False
+
+
 def _compiler(kind: str, bounds: SymbolBounds | None) -> Callable[[torch.fx.GraphModule, Sequence[Any]], CompiledGraph]:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph | OpByOpGraph:
         metrics.add("compiled_graphs")
@@ -152,7 +210,6 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options
     bounds every dynamic dimension for it.
     """
     from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     options = dict(options or {})
     unknown = set(options) - set(KNOWN_OPTIONS)
@@ -173,7 +230,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options
         fw_compiler=_compiler("forward", bounds),
         bw_compiler=_compiler("backward", bounds),
         inference_compiler=_compiler("inference", bounds),
-        partition_fn=min_cut_rematerialization_partition,
+        partition_fn=_partition,
         decompositions=_decompositions(),
         keep_inference_input_mutations=True,
     )
