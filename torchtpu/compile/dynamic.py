@@ -39,36 +39,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..eager.buckets import PADDING_SAFE  # op packets exact under XLA's masking, one list for both
 from ..errors import TpuError
 
 aten = torch.ops.aten
 BOUNDS_ATTR = "_torchtpu_bounds"
 _marked = [False]
 
-# op packets whose results do not change when a dynamic dimension is padded and masked by XLA
-PADDING_SAFE = {
-    # elementwise and activations
-    "add", "sub", "mul", "div", "neg", "exp", "log", "tanh", "sigmoid", "relu", "gelu", "silu", "pow", "sqrt",
-    "rsqrt", "abs", "where", "maximum", "minimum", "clamp", "erf", "reciprocal", "_to_copy", "clone", "copy",
-    "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or", "bitwise_and", "masked_fill",
-    "scalar_tensor", "full", "zeros", "ones", "arange", "iota", "full_like", "zeros_like", "ones_like", "detach",
-    "new_zeros", "new_ones", "new_full",
-    "alias", "lift_fresh_copy", "threshold_backward", "gelu_backward", "sigmoid_backward", "tanh_backward",
-    "rsub",
-    # layout
-    "view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze",
-    "slice", "select", "split", "split_with_sizes", "cat", "contiguous", "unbind", "slice_scatter",
-    # linear algebra and reductions XLA masks
-    "mm", "addmm", "bmm", "matmul", "sum", "amax", "amin", "_softmax", "_log_softmax", "_softmax_backward_data",
-    "_log_softmax_backward_data", "embedding", "embedding_dense_backward", "native_layer_norm",
-    "native_layer_norm_backward", "baddbmm", "linear_nd", "contract_leading",
-    # bags mask positions past the ids' true length (embedding.py: _live)
-    "_embedding_bag", "_embedding_bag_forward_only", "_embedding_bag_backward", "_embedding_bag_dense_backward",
-    "_embedding_bag_per_sample_weights_backward",
-    # rows gathered by padded indices are padding themselves; XLA's dynamic padder turns a
-    # scatter's padded indices out of bounds, so their updates are dropped
-    "index_select", "index_add",
-}
 
 
 def mark_dynamic(t: torch.Tensor, dim: int, max_size: int) -> torch.Tensor:

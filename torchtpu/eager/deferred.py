@@ -35,7 +35,7 @@ from ..runner.bounded import BoundedCache
 from ..runner.program import Blame, ProgramBuilder, StorageProgram, execute
 from ..tensor.storage import Cell, new_tensor
 from . import growth, rng, validate
-from .oplower import RUNTIME_OFFSET, lower_op, lower_single, scalar_params
+from .oplower import RUNTIME_OFFSET, dynamic, lower_op, lower_single, scalar_params
 from .plan import KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
 
 MAX_NODES = 4096  # flush before a graph grows past this many ops
@@ -68,7 +68,7 @@ class _Compiled:
 
 
 class _Node:
-    __slots__ = ("plan", "key", "lvalues", "gslots", "out_gslots", "scalar_types", "random", "where")
+    __slots__ = ("plan", "key", "lvalues", "gslots", "out_gslots", "scalar_types", "random", "where", "padded_key")
 
     def __init__(self, plan: OpPlan | None, key: tuple, lvalues: list, gslots: tuple, scalar_types: list):
         self.plan = plan  # None for a flat append (growth.py), lowered from its key
@@ -79,6 +79,7 @@ class _Node:
         self.scalar_types = scalar_types
         self.random = plan is not None and plan.random
         self.where = ""
+        self.padded_key: tuple | None = None  # buckets.Padded.key of a call run padded
 
 
 class Graph:
@@ -167,19 +168,22 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
     gslots = tuple(g.slot(c) for c in call.cells)
     lvalues = [None if k == KIND_TENSOR_LIST or (k == KIND_TENSOR and isinstance(v, torch.Tensor)) else v for k, v in zip(plan.kinds, values)]
     node = _Node(plan, key, lvalues, gslots, call.scalar_types)
+    padded = call.padded
+    if padded is not None:
+        node.padded_key = padded.key
     if key in _CHECKED:
         node.where = checks.user_source_line()
     g.operands.extend(call.scalars)
     if plan.random:
         g.operands.append(rng.next_state_buffer())
     new = []
-    for s in specs:
+    for i, s in enumerate(specs):
         if s is None:
             new.append(None)
             continue
         cell, idx = g.new_cell(s[3], s[2])
         node.out_gslots.append(idx)
-        new.append(new_tensor(cell, s[0], s[1], 0, s[2]))
+        new.append(new_tensor(cell, s[0], s[1], 0, s[2]) if padded is None else padded.result(cell, s, padded.out_dims[i]))
     for slot in updates:
         cell = call.cells[slot]
         cell.lazy = g
@@ -386,7 +390,8 @@ def _lower_node(ctx: Any, g: Graph, node: _Node, values: list[Any]) -> None:
     if node.random:
         ctx.new_rng_param()
     args, slot_of = _meta_args(node, g)
-    low = lower_op(ctx, node.plan, args, slot_of, [values[s] for s in node.gslots], scalars)
+    dyn = dynamic(ctx.b, node.padded_key, scalars)  # the key's shapes are the bucket's already
+    low = lower_op(ctx, node.plan, args, slot_of, [values[s] for s in node.gslots], scalars, dyn)
     for idx, v in zip(node.out_gslots, low.outputs):
         values[idx] = v
     for slot, v in low.updates.items():

@@ -31,7 +31,7 @@ from ..runner.program import OutputSpec, ProgramBuilder, StorageProgram, device_
 from ..runtime import pjrt
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, new_tensor
-from . import growth, modes, rng, validate
+from . import buckets, growth, modes, rng, validate
 from .oplower import RUNTIME_OFFSET, lifted, lower_single
 from .plan import (
     KIND_SCALAR,
@@ -94,9 +94,10 @@ class _Call:
     argument order, where ``oplower.lower_op`` takes it) instead of part of the key, so one
     program serves ``ids[:, -1:]`` or ``cache[i]`` wherever the view starts."""
 
-    __slots__ = ("key", "cells", "slot_of", "tensors", "scalars", "scalar_types")
+    __slots__ = ("key", "cells", "slot_of", "tensors", "scalars", "scalar_types", "padded")
 
-    def __init__(self) -> None:
+    def __init__(self, padded: buckets.Padded | None = None) -> None:
+        self.padded = padded  # the call runs padded to a bucket (buckets.py)
         self.key: list = []
         self.cells: list[Cell] = []
         self.slot_of: dict[int, int] = {}
@@ -115,6 +116,8 @@ class _Call:
             self.cells.append(cell)
         self.tensors.append(t)
         shape, offset = tuple(t.shape), t.storage_offset()
+        if self.padded is not None:
+            shape = self.padded.padded_shape(t)
         if offset:
             self.scalars.append(device_scalar(offset, int))
             self.scalar_types.append(RUNTIME_OFFSET)
@@ -144,8 +147,8 @@ def key_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, 
     return tuple(out)
 
 
-def _collect(plan: OpPlan, values: list[Any]) -> _Call:
-    call = _Call()
+def _collect(plan: OpPlan, values: list[Any], padded: buckets.Padded | None = None) -> _Call:
+    call = _Call(padded)
     key = call.key
     key.append(plan.op)
     lift = plan.lift_scalars
@@ -176,6 +179,10 @@ def _collect(plan: OpPlan, values: list[Any]) -> _Call:
             key.append(_freeze(v))
     key.extend([(c.shape, c.dtype, c._buf is not None or c.lazy is not None) for c in call.cells])  # Cell.initialized, inlined
     key.append(current_precision())  # dot/conv precision_config is baked into the program
+    if padded is not None:  # the true length is the last operand; the bucket is in the key
+        call.scalars.append(device_scalar(padded.n, int))
+        call.scalar_types.append(RUNTIME_OFFSET)
+        key.append(padded.key)
     return call
 
 
@@ -198,7 +205,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
             return growth.run_append(append, run_utility, _int_operand)
     if plan.out_positions:
         _resize_outs(plan, values)
-    call = _collect(plan, values)
+    padded = buckets.plan_padded(plan, values) if buckets._CELLS else None
+    call = _collect(plan, values, padded)
     key = tuple(call.key)
     if plan.random:
         key = key + (rng.STATE_KEY,)
@@ -236,7 +244,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     outs = execute(prog.storage, inputs, plan.name)
     if mode == modes.BLOCKING:
         _wait_for_call(plan, outs)
-    return wrap_outputs(plan, values, prog.outputs, prog.out_tree, write_back(prog.storage, call.cells, outs))
+    return wrap_outputs(plan, values, prog.outputs, prog.out_tree, write_back(prog.storage, call.cells, outs), padded)
 
 
 _CAT = torch.ops.aten.cat.default
@@ -262,9 +270,12 @@ def _cpu_fallback_or_raise(op: torch._ops.OpOverload, args: tuple, kwargs: dict)
     return run_on_cpu(op, args, kwargs)
 
 
-def wrap_outputs(plan: OpPlan, values: list[Any], specs: list, out_tree: Any, bufs: Any) -> Any:
-    """The op's return value: new tensors over ``bufs`` (one per non-None spec)."""
-    if out_tree is None and None not in specs:
+def wrap_outputs(plan: OpPlan, values: list[Any], specs: list, out_tree: Any, bufs: Any, padded: buckets.Padded | None = None) -> Any:
+    """The op's return value: new tensors over ``bufs`` (one per non-None spec). ``padded``:
+    ``specs`` are the bucket's; the results take the true length and bucketed storages."""
+    if padded is not None:
+        new = padded.new_results(specs, bufs)
+    elif out_tree is None and None not in specs:
         new = [new_tensor(Cell(numel, dtype, buf), sizes, strides, 0, dtype) for (sizes, strides, dtype, numel), buf in zip(specs, bufs)]
     else:
         it = iter(bufs)

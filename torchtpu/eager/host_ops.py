@@ -28,11 +28,15 @@ def _run(op: Any, args: tuple, kwargs: dict | None = None) -> Any:
 
 
 def nonzero(x: torch.Tensor) -> torch.Tensor:
-    from .minimal import from_cpu, to_cpu
+    """The positions, in a storage with spare rows (buckets.py): ops on them (``x[token]``,
+    ``index_add_``) then run through a program per bucket, not per count."""
+    from .minimal import from_cpu, to_cpu, upload_bucketed
 
     _report_sync(aten.nonzero.default)
     with op_report.quiet():
-        return from_cpu(torch.nonzero(to_cpu(x, cause=_data_dependent(aten.nonzero.default))))
+        positions = torch.nonzero(to_cpu(x, cause=_data_dependent(aten.nonzero.default)))
+        out = upload_bucketed(positions)
+        return from_cpu(positions) if out is None else out
 
 
 def _report_sync(op: Any) -> None:

@@ -65,6 +65,19 @@ def from_cpu(t: torch.Tensor, keep_layout: bool = False) -> torch.Tensor:
     return new_tensor(Cell(arr.size, t.dtype, buf, arr.shape), sizes, strides, 0, t.dtype)
 
 
+def upload_bucketed(t: torch.Tensor) -> torch.Tensor | None:
+    """CPU tensor ``t`` in a storage with spare rows (``buckets.upload``), or None."""
+    from .buckets import upload
+
+    def put(host: torch.Tensor) -> Any:
+        arr = _host_array(host)
+        metrics.add("h2d_bytes", arr.nbytes)
+        metrics.add("h2d_transfers")
+        return _put(arr)
+
+    return upload(t, put)
+
+
 def _put(arr: np.ndarray) -> Any:
     """Copy ``arr`` to the device (in a ``torchtpu::h2d`` span while a profiler records)."""
     if _PROFILER._is_profiler_enabled:

@@ -11,7 +11,7 @@ PyTorch's meta kernels chose) and the new value of every storage it writes in pl
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -21,6 +21,7 @@ from ..lowering.strided import apply_math_bits, flatten_for_strides, read_view, 
 from ..runner.program import OutputSpec, ProgramBuilder, scalar_dtype
 from ..stablehlo.builder import Builder, Value
 from ..tensor.storage import cell_of
+from .buckets import padded_view_meta
 from .plan import KIND_SCALAR, KIND_SCALAR_LIST, KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
 
 _SPECIAL_SCALARS = (0, 1, -1)
@@ -65,6 +66,40 @@ class Lowered:
         self.updates: dict[int, Value] = {}  # call slot -> new flat storage value, in order
 
 
+class Dynamic(NamedTuple):
+    """A call run padded (buckets.py) as its lowering sees it: the views read padded to the
+    bucket (by position among the call's tensors), the new results' dims of the true
+    length, and that length (an int64 operand, the call's last)."""
+
+    in_dims: dict[int, int]  # tensor ordinal -> dim
+    out_dims: tuple[int | None, ...]  # per flattened new result
+    length: Value
+
+
+def dynamic(b: Builder, padded_key: tuple | None, scalars: list[Any]) -> Dynamic | None:
+    """The ``Dynamic`` of a call run padded (``padded_key``: ``buckets.Padded.key``, None:
+    not padded), taking its length operand off the end of ``scalars``."""
+    if padded_key is None:
+        return None
+    _, _, in_dims, out_dims = padded_key
+    return Dynamic(dict(in_dims), out_dims, b.convert(scalars.pop(), torch.int32))
+
+
+def _mark_length(b: Builder, x: Value, n: Value, d: int) -> Value:
+    """From here on XLA treats rows ``n:`` of dim ``d`` as padding and masks them."""
+    return b.op1("stablehlo.set_dimension_size", [x, n], x.shape, x.dtype, f"dimension = {d} : i64")
+
+
+def _static_dim(b: Builder, v: Value, d: int) -> Value:
+    """``v`` with dim ``d`` static again (a gather with static indices): a program cannot
+    return a bounded-dynamic buffer, and flattening it would fold the padded dim (a reshape
+    XLA's masks get wrong)."""
+    idx = b.iota((v.shape[d], 1), 0, torch.int32)
+    offset = [k for k in range(v.rank) if k != d]
+    sizes = [1 if k == d else n for k, n in enumerate(v.shape)]
+    return b.gather(v, idx, offset, [d], [d], 1, sizes, v.shape)
+
+
 def lower_op(
     ctx: ProgramContext,
     plan: OpPlan,
@@ -72,25 +107,28 @@ def lower_op(
     slot_of: Callable[[torch.Tensor], int],
     bases: list[Value],
     scalars: list[Any],
+    dyn: Dynamic | None = None,
 ) -> Lowered:
     """Lower ``plan.op(*values)``; tensors in ``values`` may be real or meta tensors. A view
     with a nonzero storage offset takes its offset from ``scalars`` (an int64 operand, in
-    argument order, where ``dispatch._Call`` put it)."""
+    argument order, where ``dispatch._Call`` put it). ``dyn``: the call runs padded."""
     b = ctx.b
     geometry: dict[int, tuple] = {}
     scalar_iter = iter(scalars)
     lowered: list[Any] = []
+    ordinal = iter(range(1 << 30))
 
     def view(t: torch.Tensor) -> Value:
         slot = slot_of(t)
         sizes, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
         if offset:
             offset = next(scalar_iter)
-        geometry[id(t)] = (slot, sizes, strides, offset)
+        d = None if dyn is None else dyn.in_dims.get(next(ordinal))
+        geometry[id(t)] = (slot, sizes, strides, offset, d)
         x = read_view(b, bases[slot], sizes, strides, offset, t.dtype)
         if t.is_conj() or t.is_neg():  # lazy conj/neg views store conj/neg of their values
             x = apply_math_bits(b, x, t.is_conj(), t.is_neg())
-        return x
+        return x if d is None else _mark_length(b, x, dyn.length, d)
 
     for kind, v in zip(plan.kinds, values):
         if kind == KIND_TENSOR and v is not None and not isinstance(v, torch.Tensor):
@@ -115,10 +153,13 @@ def lower_op(
     out = Lowered()
     flat_new, out.out_tree = tree_flatten(results[: plan.n_plain])
     flat_new_meta, _ = tree_flatten(list(out_meta[: plan.n_plain]))
-    for v, m in zip(flat_new, flat_new_meta):
+    out_dims = dyn.out_dims if dyn is not None else [None] * len(flat_new)
+    for v, m, d in zip(flat_new, flat_new_meta, out_dims):
         if v is None or m is None:  # an optional output PyTorch also leaves out (e.g. no weight grad)
             out.specs.append(None)
             continue
+        if d is not None:
+            v = _static_dim(b, v, d)
         flat, strides = flatten_for_strides(b, conform(ctx, v, m.dtype, tuple(m.shape)), m.stride())
         out.outputs.append(flat)
         out.specs.append(OutputSpec(tuple(m.shape), strides, m.dtype, flat.shape[0]))
@@ -127,8 +168,10 @@ def lower_op(
     for v, t in zip(flat_mut, plan.mutated_tensors(values)):
         if t is None or v is None:
             continue
-        slot, sizes, strides, offset = geometry[id(t)]
+        slot, sizes, strides, offset, d = geometry[id(t)]
         v = conform(ctx, v, t.dtype, tuple(t.shape))
+        if d is not None:
+            v = _static_dim(b, v, d)
         if t.is_conj() or t.is_neg():
             v = apply_math_bits(b, v, t.is_conj(), t.is_neg())
         base = out.updates.get(slot, bases[slot])
@@ -155,4 +198,18 @@ def lower_single(plan: OpPlan, values: list[Any], call: Any) -> tuple[ProgramBui
     if plan.random:
         pb.ctx.new_rng_param()
     slots = {id(t): call.slot_of[id(cell_of(t))] for t in call.tensors}
-    return pb, lower_op(pb.ctx, plan, values, lambda t: slots[id(t)], bases, scalars)
+    padded = call.padded
+    if padded is not None:  # read the views by their padded geometry (buckets.py)
+        metas = {id(t): padded_view_meta(t, padded) for t in call.tensors}
+        slots = {id(metas[k]): s for k, s in slots.items()}
+        values = [_swap(v, metas) for v in values]
+    dyn = dynamic(pb.b, None if padded is None else padded.key, scalars)
+    return pb, lower_op(pb.ctx, plan, values, lambda t: slots[id(t)], bases, scalars, dyn)
+
+
+def _swap(v: Any, metas: dict[int, torch.Tensor]) -> Any:
+    if isinstance(v, torch.Tensor):
+        return metas.get(id(v), v)
+    if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+        return type(v)(_swap(x, metas) for x in v)
+    return v

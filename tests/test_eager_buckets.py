@@ -1,0 +1,244 @@
+"""Bounded dynamism for eager ops (torchtpu/eager/buckets.py): data-dependent lengths
+(nonzero's positions) run through a program per bucket, with the CPU's numbers, in eager
+and DeferAndFuse modes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu
+from torchtpu import metrics
+from torchtpu.eager import buckets
+from torchtpu.eager.minimal import upload_bucketed
+
+MODES = ("eager", "defer_and_fuse")
+# lengths inside one bucket (512 rows) and across its boundary (1024)
+LENGTHS = (0, 1, 2, 37, 200, 511, 513, 700)
+
+
+def compiles() -> int:
+    torch.tpu.synchronize()
+    return metrics.snapshot()["compiles"]
+
+
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest):
+    with torchtpu.eager_mode(request.param):
+        yield request.param
+
+
+def bucketed(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the device in a bucketed storage, as nonzero's positions are (the tests of
+    ops on lengths the data decides, without routing every tensor through a nonzero)."""
+    out = upload_bucketed(t)
+    assert out is not None and buckets.bucket_of(out.untyped_storage()._cell) is not None
+    return out
+
+
+def test_user_uploads_keep_storages_of_their_own_size() -> None:
+    """Only data-dependent positions are bucketed: a tensor a user moves to the device has
+    PyTorch's storage size, at any length and however often the length changes."""
+    for n in (5, 37, 40, 37, 600):
+        for t in (torch.arange(n), torch.rand(n)):
+            d = t.to("tpu")
+            assert d.untyped_storage().nbytes() == t.untyped_storage().nbytes()
+            assert buckets.bucket_of(d.untyped_storage()._cell) is None and torch.equal(d.cpu(), t)
+
+
+def test_bucketed_ids_read_like_ordinary_ones() -> None:
+    ids = torch.tensor([3, 1, 4, 1, 5])
+    t = bucketed(ids)
+    assert t.shape == (5,) and t.untyped_storage().nbytes() == 512 * 8
+    assert torch.equal(t.cpu(), ids) and t[2].item() == 4 and t.tolist() == ids.tolist()
+    assert str(t) == "tensor([3, 1, 4, 1, 5], device='tpu:0')"
+    assert torch.equal(t[1:4].cpu(), ids[1:4]) and torch.equal(t.flip(0).cpu(), ids.flip(0))
+    assert buckets.bucket_of(t.untyped_storage()._cell) == buckets.Bucket(5, 512, 1)
+    assert upload_bucketed(torch.arange(512)) is None  # a length that is its bucket stays ordinary
+
+
+def test_nonzero_positions_are_bucketed(mode: str) -> None:
+    cond = torch.rand(40, 3) > 0.5
+    nz = torch.nonzero(cond.to("tpu"))
+    assert nz.shape == torch.nonzero(cond).shape and nz.untyped_storage().nbytes() == 512 * 2 * 8
+    assert torch.equal(nz.cpu(), torch.nonzero(cond))
+    rows, cols = torch.where(cond.to("tpu"))
+    want = torch.where(cond)
+    assert torch.equal(rows.cpu(), want[0]) and torch.equal(cols.cpu(), want[1])
+    assert repr(cols.cpu()) == repr(want[1])
+
+
+def _gather_mlp(
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, token: torch.Tensor, gate: torch.Tensor, slot: torch.Tensor
+) -> torch.Tensor:
+    """The mixture-of-experts pattern: gather rows, an MLP, weights gathered by two
+    index tensors, scattered back with index_add_."""
+    y = F.silu(x[token] @ w1) @ w2 * gate[token, slot, None]
+    out = torch.zeros_like(x)
+    out.index_add_(0, token, y)
+    r = torch.linspace(-1, 1, out.numel(), device=x.device).view(out.shape)
+    return (out * r).sum() + y.sum(0).sum() / 8 + (F.softmax(y, dim=0) * y).sum()
+
+
+def _routing(n_tokens: int, routed: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    choice = torch.zeros(2, n_tokens, dtype=torch.bool)
+    picks = torch.randperm(2 * n_tokens, generator=g)[:routed]
+    choice.view(-1)[picks] = True
+    return choice, torch.rand(n_tokens, 2, generator=g)
+
+
+@pytest.mark.parametrize("routed", LENGTHS)
+def test_routed_mlp_matches_the_cpu_with_gradients(mode: str, routed: int) -> None:
+    torch.manual_seed(routed)
+    n_tokens = 400
+    x, w1, w2 = torch.randn(n_tokens, 8) / 2, torch.randn(8, 16) / 4, torch.randn(16, 8) / 4
+    choice, gate = _routing(n_tokens, routed, routed)
+    cpu = [t.clone().requires_grad_() for t in (x, w1, w2, gate)]
+    dev = [t.to("tpu").requires_grad_() for t in (x, w1, w2, gate)]
+    slot, token = torch.where(choice)
+    want = _gather_mlp(cpu[0], cpu[1], cpu[2], token, cpu[3], slot)
+    want.backward()
+    dslot, dtoken = torch.where(choice.to("tpu"))
+    assert dtoken.shape == (routed,)
+    got = _gather_mlp(dev[0], dev[1], dev[2], dtoken, dev[3], dslot)
+    got.backward()
+    torch.testing.assert_close(got.cpu(), want)
+    for d, c in zip(dev, cpu):
+        torch.testing.assert_close(d.grad.cpu(), c.grad)
+
+
+def test_routed_mlp_compiles_per_bucket_not_per_length(mode: str) -> None:
+    torch.manual_seed(0)
+    n_tokens = 400
+    x, w1, w2 = (torch.randn(n_tokens, 8).to("tpu"), torch.randn(8, 16).to("tpu"), torch.randn(16, 8).to("tpu"))
+    gate = torch.rand(n_tokens, 2).to("tpu")
+
+    def step(routed: int) -> None:
+        choice, _ = _routing(n_tokens, routed, routed)
+        slot, token = torch.where(choice.to("tpu"))
+        params = [t.detach().requires_grad_() for t in (x, w1, w2, gate)]
+        _gather_mlp(params[0], params[1], params[2], token, params[3], slot).backward()
+        torch.tpu.synchronize()
+
+    step(100)
+    step(101)
+    before = compiles()
+    for routed in (37, 0, 1, 2, 150, 299, 480):  # every length in the same bucket, 0-2 included
+        step(routed)
+    assert compiles() == before
+
+
+@pytest.mark.parametrize("mode_", ["sum", "mean", "max"])
+def test_embedding_bag_with_bucketed_ids_matches_the_cpu(mode: str, mode_: str) -> None:
+    torch.manual_seed(1)
+    bag = torch.nn.EmbeddingBag(50, 6, mode=mode_)
+    dbag = torch.nn.EmbeddingBag(50, 6, mode=mode_).to("tpu")
+    dbag.load_state_dict(bag.state_dict())
+    before = None
+    for step, batch in enumerate((7, 9, 7, 9, 7)):
+        lengths = torch.randint(1, 4, (batch,))
+        ids = torch.randint(0, 50, (int(lengths.sum()),))
+        offsets = torch.cumsum(lengths, 0) - lengths
+        psw = torch.rand(len(ids)) if mode_ == "sum" else None
+        want = bag(ids, offsets, per_sample_weights=psw)
+        got = dbag(bucketed(ids), offsets.to("tpu"), per_sample_weights=None if psw is None else bucketed(psw))
+        torch.testing.assert_close(got.cpu(), want)
+        bag.zero_grad()
+        dbag.zero_grad()
+        (want * want).sum().backward()
+        (got * got).sum().backward()
+        torch.testing.assert_close(dbag.weight.grad.cpu(), bag.weight.grad)
+        if step == 2:
+            before = compiles()
+    assert compiles() == before  # new id totals, same bucket: nothing new
+
+
+def test_in_place_ops_and_views_of_bucketed_tensors(mode: str) -> None:
+    ids = torch.tensor([4, 0, 2, 2, 7, 1])
+    t = bucketed(ids)
+    t.add_(1)
+    t[1:3].mul_(3)
+    ids = ids + 1
+    ids[1:3] *= 3
+    assert torch.equal(t.cpu(), ids)
+    v = t.view(2, 3)  # a view that folds the length: runs at exact shapes
+    assert torch.equal((v * 2).sum(1).cpu(), (ids.view(2, 3) * 2).sum(1))
+    assert torch.equal(t[::2].cpu(), ids[::2]) and t[-1].item() == ids[-1].item()
+    f = torch.rand(6)
+    ft = bucketed(f)
+    ft.exp_()
+    torch.testing.assert_close(ft.cpu(), f.exp())
+    torch.testing.assert_close((ft * 2 + ft.sum()).cpu(), f.exp() * 2 + f.exp().sum())
+
+
+def test_mixed_with_ordinary_tensors(mode: str) -> None:
+    torch.manual_seed(2)
+    a = torch.rand(37)
+    b = torch.rand(37)
+    ta = bucketed(a)
+    tb = b.reshape(1, 37).to("tpu").view(37)  # an ordinary storage of the same length
+    torch.testing.assert_close((ta * tb).cpu(), a * b)
+    torch.testing.assert_close((ta + 1.5).mean().cpu(), (a + 1.5).mean())
+    torch.testing.assert_close(torch.cumsum(ta, 0).cpu(), torch.cumsum(a, 0))
+    torch.testing.assert_close(torch.cat([ta, tb]).cpu(), torch.cat([a, b]))
+    torch.testing.assert_close(ta.sort().values.cpu(), a.sort().values)
+    torch.testing.assert_close((ta[:, None] * torch.ones(3).to("tpu")).cpu(), a[:, None] * torch.ones(3))
+    # division and pow run at exact shapes (XLA cannot compile them padded): same numbers
+    torch.testing.assert_close((ta / tb).cpu(), a / b)
+    torch.testing.assert_close((ta / 3).cpu(), a / 3)
+    torch.testing.assert_close((ta**2).cpu(), a**2)
+    torch.testing.assert_close(F.softsign(ta).cpu(), F.softsign(a))
+    ti = bucketed(torch.arange(1, 38))
+    assert torch.equal((ti**3).cpu(), torch.arange(1, 38) ** 3)
+    idx = bucketed(torch.tensor([5, 3]))  # two bucketed lengths in one call
+    torch.testing.assert_close(ta[idx].cpu(), a[[5, 3]])
+
+
+def test_negative_indices_into_a_bucketed_tensor(mode: str) -> None:
+    """An indexed tensor is never padded along its indexed dim: -1 is its last live row."""
+    a = torch.rand(37)
+    ta = bucketed(a)
+    idx = torch.tensor([-1, 0, -37, 5])
+    torch.testing.assert_close(ta[bucketed(idx)].cpu(), a[idx])
+    torch.testing.assert_close(
+        ta.index_select(0, bucketed(torch.tensor([36, 0]))).cpu(), a.index_select(0, torch.tensor([36, 0]))
+    )
+    x = torch.rand(5, 37)
+    torch.testing.assert_close(x.to("tpu")[:, bucketed(idx)].cpu(), x[:, idx])
+
+
+def test_index_put_with_bucketed_indices(mode: str) -> None:
+    torch.manual_seed(3)
+    for n in (5, 300):
+        idx = torch.randint(0, 20, (n,))
+        vals = torch.rand(n)
+        for accumulate in (False, True):
+            want = torch.zeros(20).index_put_((idx,), vals, accumulate=accumulate)
+            # values in a bucketed storage, and of the length in an ordinary one (that
+            # call runs at exact shapes)
+            for values in (bucketed(vals), vals.to("tpu")):
+                got = torch.zeros(20).to("tpu").index_put_((bucketed(idx),), values, accumulate=accumulate)
+                if accumulate:
+                    torch.testing.assert_close(got.cpu(), want)
+                else:  # duplicate positions: any one of the writes, as on CUDA
+                    assert torch.isin(got.cpu()[idx], vals).all()
+
+
+def test_lengths_that_equal_static_sizes(mode: str) -> None:
+    """A length of 1 or 2 next to static dims of that size, or of the bucket's size: the
+    padded call runs only where it means the exact one on more rows (checked at two
+    bucket sizes), and either way the numbers are the CPU's."""
+    torch.manual_seed(4)
+    one, row, wide = torch.rand(1), torch.rand(1, 8), torch.rand(512)
+    t = bucketed(one)
+    torch.testing.assert_close((t + wide.to("tpu")).cpu(), one + wide)  # broadcast against 512 rows
+    torch.testing.assert_close((t[:, None] * row.to("tpu")).cpu(), one[:, None] * row)
+    two, table = torch.rand(2, 3), torch.rand(2, 3)
+    t2 = bucketed(two)
+    torch.testing.assert_close((t2 * table.to("tpu")).cpu(), two * table)
+    torch.testing.assert_close((t2 @ table.T.to("tpu")).cpu(), two @ table.T)
+    torch.testing.assert_close(t2.sum(0).cpu(), two.sum(0))
+    slots = bucketed(torch.tensor([1, 0]))
+    torch.testing.assert_close(table.to("tpu")[slots, slots].cpu(), table[[1, 0], [1, 0]])

@@ -1,0 +1,368 @@
+"""Bounded dynamism for eager ops: a data-dependent length through a few bucketed programs.
+
+A mixture of experts routes ``token = torch.where(routed[e])[1]`` -- a different number of
+tokens every step -- through ``x[token]``, the expert's linears and ``out.index_add_(0,
+token, y)``. Keyed by exact shapes, every new count compiles every op that touches it,
+forward and backward.
+
+A *bucketed* tensor has a leading storage dimension with spare rows: its storage holds
+``cap`` rows (``rows(n)``: growth.capacity's scheme) of which the first ``n`` are its
+elements (a :class:`Bucket` on the storage's cell). Such storages are ``nonzero``'s
+results (``upload``; ``where(cond)``) and the results of padded ops on them; tensors a
+user uploads keep storages of their own size (their ``untyped_storage().nbytes()`` is
+PyTorch's). An op that reads one runs *padded* (``plan_padded``) when
+
+- it is known to be exact under XLA's masking (``PADDING_SAFE``), and
+- every bucketed view it reads walks the live rows of its storage along one dimension
+  (``dynamic_dim``), all with the same ``n`` and ``cap``, and
+- PyTorch's meta kernels, given the views padded to ``cap`` rows, agree with the exact
+  call: each result dimension is the same in both, or ``n`` there and ``cap`` here.
+
+The padded program is keyed by ``cap`` (the key carries the padded shapes and
+``Padded.key``), takes ``n`` as an operand and marks each padded view with
+``stablehlo.set_dimension_size`` (``oplower.lower_op``), so XLA masks reductions, matmuls,
+gathers and scatters over the padding -- the same mechanism compile/dynamic.py uses in
+graphs. Results that carry the length are bucketed storages again, so the next op
+(``y = expert(x[token])``, its backward) is padded too. Anything else runs at exact shapes,
+as before: reading a bucketed storage at exact shapes is an ordinary strided view.
+
+Rows past ``n`` hold anything (zeros from the host, leftovers of earlier ops): no result
+ever depends on them.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any, NamedTuple
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ..lowering.strided import contiguous_strides
+from ..tensor.storage import Cell, new_tensor
+from .growth import capacity
+from .plan import KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
+
+# Op packets whose results do not change when a dimension is padded and marked with
+# set_dimension_size (XLA masks the padding). Shared with compile/dynamic.py.
+PADDING_SAFE = {
+    # elementwise and activations
+    "add", "sub", "mul", "div", "neg", "exp", "log", "tanh", "sigmoid", "relu", "gelu", "silu", "pow", "sqrt",
+    "rsqrt", "abs", "where", "maximum", "minimum", "clamp", "erf", "reciprocal", "_to_copy", "clone", "copy",
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or", "bitwise_and", "masked_fill",
+    "scalar_tensor", "full", "zeros", "ones", "arange", "iota", "full_like", "zeros_like", "ones_like", "detach",
+    "new_zeros", "new_ones", "new_full",
+    "alias", "lift_fresh_copy", "threshold_backward", "gelu_backward", "sigmoid_backward", "tanh_backward",
+    "rsub",
+    # layout
+    "view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze",
+    "slice", "select", "split", "split_with_sizes", "cat", "contiguous", "unbind", "slice_scatter",
+    # linear algebra and reductions XLA masks
+    "mm", "addmm", "bmm", "matmul", "sum", "amax", "amin", "_softmax", "_log_softmax", "_softmax_backward_data",
+    "_log_softmax_backward_data", "embedding", "embedding_dense_backward", "native_layer_norm",
+    "native_layer_norm_backward", "baddbmm", "linear_nd", "contract_leading",
+    # bags mask positions past the ids' true length (embedding.py: _live)
+    "_embedding_bag", "_embedding_bag_forward_only", "_embedding_bag_backward", "_embedding_bag_dense_backward",
+    "_embedding_bag_per_sample_weights_backward",
+    # rows gathered by padded indices are padding themselves; XLA's dynamic padder turns a
+    # scatter's padded indices out of bounds, so their updates are dropped
+    "index_select", "index_add",
+}  # fmt: skip
+
+# Eager calls pass positions along a dimension as plain numbers (``select(x, 0, -1)``,
+# ``slice(x, 0, -3)``): counted from the padded end they would read padding, and the shapes
+# alone cannot tell. (In eager these are views, run by no program; they reach a program
+# only in functional form, e.g. a backward.)
+_POSITIONAL = {"select", "slice", "split", "split_with_sizes", "unbind", "slice_scatter"}
+# Eager ops padding-safe beyond the graph list: gathers and scatters of advanced indexing
+# (the forward and backward of ``x[token]``), silu's backward (elementwise).
+_EAGER_ONLY = {"index", "index_put", "_index_put_impl", "silu_backward"}
+# Ops XLA cannot compile with a dimension marked dynamic: true division and pow put their
+# divisor behind an optimization barrier (lowering's ``opaque``), which XLA's dynamic
+# padder does not propagate through ("not implemented"), and integer pow's loop fails
+# its RET_CHECK. They run at exact shapes.
+_NOT_COMPILABLE_PADDED = {"div", "pow"}
+EAGER_SAFE = (PADDING_SAFE - _POSITIONAL - _NOT_COMPILABLE_PADDED) | _EAGER_ONLY
+# Ops exact under padding of some arguments only (the rest are read at exact shapes): a
+# table's rows or an indexed tensor's indexed dim padded would take a negative index
+# (``x[-1]``, padding_idx=-1) from the padded end, and a bag's offsets padded would end
+# the last bag at a padding offset. Ops not listed may have any argument padded.
+_PADDABLE = {
+    "index": {"indices"},
+    "index_put": {"indices", "values"},
+    "_index_put_impl": {"indices", "values"},
+    "index_select": {"index"},
+    "index_add": {"index", "source"},
+    "embedding": {"indices"},
+    "embedding_dense_backward": {"grad_output", "indices"},
+    "_embedding_bag": {"indices", "per_sample_weights"},
+    "_embedding_bag_forward_only": {"indices", "per_sample_weights"},
+    "_embedding_bag_backward": {"indices", "offset2bag", "per_sample_weights"},
+    "_embedding_bag_dense_backward": {"indices", "offset2bag", "per_sample_weights"},
+    "_embedding_bag_per_sample_weights_backward": {"indices", "offset2bag"},
+}
+
+
+class Bucket(NamedTuple):
+    """A storage of ``cap`` rows of ``row`` elements whose first ``n`` rows are live."""
+
+    n: int
+    cap: int
+    row: int
+
+
+# id(cell) -> (weak reference, Bucket); an entry leaves with its cell. Cell has fixed
+# slots, and a dict lookup by id is what the hot path can afford per tensor argument.
+_CELLS: dict[int, tuple[weakref.ref, Bucket]] = {}
+
+
+def rows(n: int) -> int:
+    """The rows a bucketed storage of ``n`` live rows gets: growth.capacity's scheme (at
+    least 512, powers of two up to 64K, then eighths of one), a function of ``n`` alone so
+    that tensors of one length (ids and their weights, of different dtypes) pad alike."""
+    return capacity(n)
+
+
+def mark(cell: Cell, bucket: Bucket) -> None:
+    key = id(cell)
+    _CELLS[key] = (weakref.ref(cell, lambda _: _CELLS.pop(key, None)), bucket)
+
+
+def bucket_of(cell: Cell) -> Bucket | None:
+    entry = _CELLS.get(id(cell))
+    return None if entry is None else entry[1]
+
+
+def upload(t: torch.Tensor, to_device: Any) -> torch.Tensor | None:
+    """CPU tensor ``t`` (positions whose count the data decided) copied into a bucketed
+    storage, its leading dim padded on the host where it costs nothing; None where that
+    does not apply (a scalar, a length that is already its bucket's size).
+    ``to_device(array)`` puts a numpy array on the device."""
+    if t.dim() == 0 or t.is_conj() or t.is_neg():
+        return None
+    n = t.shape[0]
+    cap = rows(n)
+    if cap == n:
+        return None
+    host = t.detach().contiguous()
+    row = math.prod(host.shape[1:])
+    padded = torch.zeros((cap, *host.shape[1:]), dtype=host.dtype)
+    padded[:n] = host
+    cell = Cell(cap * row, t.dtype, to_device(padded), (cap, *host.shape[1:]))
+    mark(cell, Bucket(n, cap, row))
+    # row-major strides even where a dim of size 0 or 1 leaves them free (nonzero's
+    # (1, 2) result has strides (1, 1)): dynamic_dim finds the rows by their stride
+    return new_tensor(cell, tuple(host.shape), contiguous_strides(host.shape), 0, t.dtype)
+
+
+def dynamic_dim(t: torch.Tensor, b: Bucket) -> int | None:
+    """The dimension of view ``t`` that walks its storage's live rows (size ``n``, stride
+    one row, every other index within the first row), so that padding it to ``cap`` reads
+    the storage's padding rows and nothing else; None if there is none."""
+    if t.is_conj() or t.is_neg() or t.dtype.itemsize * b.row * b.cap != t.untyped_storage().nbytes():
+        return None
+    shape, strides = t.shape, t.stride()
+    for d, (size, stride) in enumerate(zip(shape, strides)):
+        if size == b.n and stride == b.row:
+            rest = sum((s - 1) * st for k, (s, st) in enumerate(zip(shape, strides)) if k != d)
+            if t.storage_offset() + rest < b.row and all(s > 0 for k, s in enumerate(shape) if k != d):
+                return d
+            return None
+    return None
+
+
+def _broadcast_dim(t: torch.Tensor, n: int) -> int | None:
+    """A dim of size ``n`` that ``t`` broadcasts (stride 0: a sum's gradient expanded back
+    to its input's shape): padded, it repeats the same elements and reads nothing new."""
+    hits = [d for d, (size, stride) in enumerate(zip(t.shape, t.stride())) if size == n]
+    if len(hits) != 1 or t.stride(hits[0]) != 0 or t.is_conj() or t.is_neg():
+        return None
+    return hits[0]
+
+
+class Padded(NamedTuple):
+    """A call that runs padded: its length and bucket, the dynamic dim of each padded view
+    (by id, and by position among the call's tensors for the key) and of each new result."""
+
+    n: int
+    cap: int
+    dims: dict[int, int]  # id(tensor) -> dim padded to cap
+    in_dims: tuple[tuple[int, int], ...]  # (tensor ordinal in the call, dim)
+    out_dims: tuple[int | None, ...]  # per flattened new result: its dim of length n, or None
+
+    @property
+    def key(self) -> tuple:
+        return ("bucketed", self.cap, self.in_dims, self.out_dims)
+
+    def padded_shape(self, t: torch.Tensor) -> tuple[int, ...]:
+        shape = tuple(t.shape)
+        d = self.dims.get(id(t))
+        return shape if d is None else shape[:d] + (self.cap,) + shape[d + 1 :]
+
+    def result(self, cell: Cell, spec: Any, d: int | None) -> torch.Tensor:
+        """A new result over ``cell`` as the program wrote it (``spec``, the bucket's
+        geometry): of the true length, its storage bucketed, where ``d`` is its length dim."""
+        sizes = spec[0]
+        if d is not None:
+            sizes = sizes[:d] + (self.n,) + sizes[d + 1 :]
+            mark(cell, Bucket(self.n, self.cap, spec[1][d]))
+        return new_tensor(cell, sizes, spec[1], 0, spec[2])
+
+    def new_results(self, specs: list, bufs: Any) -> list[Any]:
+        """Eager: the new results over the program's buffers (one per non-None spec)."""
+        it = iter(bufs)
+        return [None if s is None else self.result(Cell(s[3], s[2], next(it)), s, d) for s, d in zip(specs, self.out_dims)]
+
+
+def _tensors(plan: OpPlan, values: list[Any]) -> list[tuple[str, torch.Tensor]]:
+    """The call's tensor arguments (with their names) in the order dispatch._Call sees them."""
+    out = []
+    for name, kind, v in zip(plan.names, plan.kinds, values):
+        if kind == KIND_TENSOR and isinstance(v, torch.Tensor):
+            out.append((name, v))
+        elif kind == KIND_TENSOR_LIST:
+            out.extend((name, t) for t in v if t is not None)
+    return out
+
+
+def plan_padded(plan: OpPlan, values: list[Any]) -> Padded | None:
+    """How this call runs padded, or None: it runs at exact shapes."""
+    packet = plan.functional.overloadpacket.__name__
+    if not _CELLS or plan.out_positions or packet not in EAGER_SAFE:
+        return None
+    paddable = _PADDABLE.get(packet)
+    dims: dict[int, int] = {}
+    in_dims, length = [], None
+    for i, (name, t) in enumerate(_tensors(plan, values)):
+        if t.device.type != "tpu" or (paddable is not None and name not in paddable):
+            continue
+        b = bucket_of(t.untyped_storage()._cell)
+        d = None if b is None else dynamic_dim(t, b)
+        if d is None:
+            continue
+        if length not in (None, (b.n, b.cap)):
+            return None  # two lengths: no single operand says which rows are live
+        length = (b.n, b.cap)
+        dims[id(t)] = d
+        in_dims.append((i, d))
+    if length is None:
+        return None
+    n, cap = length
+    for i, (name, t) in enumerate(_tensors(plan, values)):
+        if id(t) in dims or (paddable is not None and name not in paddable):
+            continue
+        d = _broadcast_dim(t, n)
+        if d is not None:  # a gradient expanded to the length: padded alike
+            dims[id(t)] = d
+            in_dims.append((i, d))
+    # every other tensor is read at exact shapes; _result_dims checks that the call means
+    # the same with the padded views at two different bucket sizes
+    in_dims.sort()
+    out_dims = _result_dims(plan, values, dims, n, cap)
+    if out_dims is None:
+        return None
+    return Padded(n, cap, dims, tuple(in_dims), out_dims)
+
+
+def _result_dims(plan: OpPlan, values: list[Any], dims: dict[int, int], n: int, cap: int) -> tuple[int | None, ...] | None:
+    """Per new result, its dimension of length ``n`` (None: none); None when the call does
+    not run padded. PyTorch's meta kernels see the call three times: exact, with the
+    padded views at ``cap`` rows, and at twice that. A result dimension is the length where
+    it is ``n``, ``cap`` and ``2 cap``, and static where it is the same in all three;
+    anything else (a meta error, a size that grows otherwise) means the padded call would
+    not be the exact one on more rows -- e.g. a tensor of the length left at exact shapes,
+    or a row of the bucket's size that a length of 1 would broadcast against. Comparing two
+    sizes, not one, is what tells a length of 1 or 2 from a static dim of that size."""
+    try:
+        exact = _new_and_mutated(plan, plan.functional_meta(values))
+        at_cap, at_twice = (_checked_meta(plan, [_padded_meta(v, dims, c) for v in values]) for c in (cap, 2 * cap))
+    except Exception:  # the padded call is not well formed (a size is compared with another)
+        return None
+    out = []
+    for e, p, q in zip(exact.new, at_cap.new, at_twice.new):
+        if not all(isinstance(x, torch.Tensor) for x in (e, p, q)):
+            if any(isinstance(x, torch.Tensor) for x in (e, p, q)):
+                return None
+            out.append(None)
+            continue
+        d = _length_dim(e, p, q, n, cap)
+        if d is False:
+            return None
+        out.append(d)
+    for m, t in zip(at_cap.mutated, plan.mutated_tensors(values)):
+        if isinstance(t, torch.Tensor) and (not isinstance(m, torch.Tensor) or tuple(m.shape) != _padded_shape(t, dims, cap)):
+            return None
+    return tuple(out)
+
+
+_INDEX_PUTS = {"index_put", "_index_put_impl"}
+
+
+def _checked_meta(plan: OpPlan, metas: list[Any]) -> _MetaResults:
+    """The meta kernel's results for ``metas``, raising where the call is ill formed.
+    index_put's meta kernel does not compare the values with the indexed shape (its CPU
+    kernel does): values of the length left at exact shapes next to padded indices
+    would pass it, so the values must broadcast to ``self[indices]`` here."""
+    if plan.functional.overloadpacket.__name__ in _INDEX_PUTS:
+        a = dict(zip(plan.names, metas))
+        indexed = torch.ops.aten.index.Tensor(a["self"], a["indices"]).shape
+        if torch.broadcast_shapes(a["values"].shape, indexed) != indexed:
+            raise ValueError("index_put: values do not broadcast to the indexed shape")
+    return _new_and_mutated(plan, plan.functional_meta(metas))
+
+
+class _MetaResults(NamedTuple):
+    new: list[Any]
+    mutated: list[Any]
+
+
+def _new_and_mutated(plan: OpPlan, meta: Any) -> _MetaResults:
+    new, _ = tree_flatten(list(meta[: plan.n_plain]))
+    mutated, _ = tree_flatten(list(meta[plan.n_plain :]))
+    return _MetaResults(new, mutated)
+
+
+def _length_dim(e: torch.Tensor, p: torch.Tensor, q: torch.Tensor, n: int, cap: int) -> int | None | bool:
+    """The result's dimension that is ``n`` exact, ``cap`` padded (``p``) and ``2 cap``
+    padded twice as far (``q``); None: none; False when the sizes change otherwise, or
+    the padded result could not be a bucketed storage (its length dimension must be the
+    outermost in memory: rows of ``stride`` elements)."""
+    if not (e.dtype == p.dtype == q.dtype) or not (e.dim() == p.dim() == q.dim()):
+        return False
+    found = None
+    for d, (a, b, c) in enumerate(zip(e.shape, p.shape, q.shape)):
+        if a == b == c:
+            continue
+        if (a, b, c) != (n, cap, 2 * cap) or found is not None:
+            return False
+        found = d
+    if found is None:
+        return None
+    row = p.stride(found)
+    others = [(size, st) for k, (size, st) in enumerate(zip(p.shape, p.stride())) if k != found]
+    width = 1 + sum((size - 1) * st for size, st in others)  # the elements one row's indices span
+    if row * cap != p.numel() or width != row or math.prod(size for size, _ in others) != row:
+        return False  # not rows of ``row`` elements, densely: flatten_for_strides would relayout it
+    return found
+
+
+def _padded_shape(t: torch.Tensor, dims: dict[int, int], cap: int) -> tuple[int, ...]:
+    d = dims.get(id(t))
+    shape = tuple(t.shape)
+    return shape if d is None else shape[:d] + (cap,) + shape[d + 1 :]
+
+
+def _padded_meta(v: Any, dims: dict[int, int], cap: int) -> Any:
+    if isinstance(v, torch.Tensor) and id(v) in dims:
+        return torch.empty_strided(_padded_shape(v, dims, cap), v.stride(), dtype=v.dtype, device="meta")
+    if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) and id(x) in dims for x in v):
+        return type(v)(_padded_meta(x, dims, cap) for x in v)
+    return v
+
+
+def padded_view_meta(t: torch.Tensor, padded: Padded) -> torch.Tensor:
+    """A meta tensor with ``t``'s storage and geometry, padded where the call pads it (what
+    ``oplower.lower_op`` reads the view by)."""
+    numel = t.untyped_storage().nbytes() // t.dtype.itemsize
+    return torch.empty(numel, dtype=t.dtype, device="meta").as_strided(padded.padded_shape(t), t.stride(), t.storage_offset())
