@@ -242,3 +242,53 @@ def test_lengths_that_equal_static_sizes(mode: str) -> None:
     torch.testing.assert_close(t2.sum(0).cpu(), two.sum(0))
     slots = bucketed(torch.tensor([1, 0]))
     torch.testing.assert_close(table.to("tpu")[slots, slots].cpu(), table[[1, 0], [1, 0]])
+
+
+class _Expert(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.up(h)))
+
+
+def test_a_compiled_expert_between_eager_routing_ops() -> None:
+    """torch.compile breaks the graph at torch.where, so a compiled expert runs between
+    eager routing ops (what Dynamo does with a MoE layer). Its automatic-dynamic graph
+    takes the bucket of the eager storage it is given (read as it is, no host padding)
+    and hands back bucketed outputs, so the eager ops after it stay padded too: the
+    routed counts of one bucket compile nothing new, forward and backward."""
+    torch._dynamo.reset()
+    torch.manual_seed(5)
+    n_tokens = 400
+    cpu_expert = _Expert()
+    expert = _Expert().to("tpu")
+    expert.load_state_dict(cpu_expert.state_dict())
+    compiled = torch.compile(expert, backend="tpu")
+    x, gate = torch.randn(n_tokens, 8), torch.rand(n_tokens, 2)
+
+    def step(routed: int) -> None:
+        choice, _ = _routing(n_tokens, routed, routed)
+        results = []
+        for dev, run in ((False, cpu_expert), (True, compiled)):
+            xs, gs = (x.to("tpu"), gate.to("tpu")) if dev else (x.clone(), gate)
+            xs.requires_grad_()
+            slot, token = torch.where(choice.to("tpu") if dev else choice)
+            y = run(xs[token]) * gs[token, slot, None]
+            out = torch.zeros_like(xs).index_add_(0, token, y)
+            (out * out).sum().backward()
+            results.append((out.detach().cpu(), xs.grad.cpu()))
+        (want, want_grad), (got, got_grad) = results
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_grad, want_grad)
+
+    try:
+        for routed in (100, 101, 37):
+            step(routed)
+        before = compiles()
+        for routed in (150, 2, 299, 480):
+            step(routed)
+        assert compiles() == before
+    finally:
+        torch._dynamo.reset()

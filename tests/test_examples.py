@@ -41,11 +41,11 @@ _JAGGED = (
     "keep storages of their own size, as PyTorch's untyped_storage() shows (compiled mode buckets the totals)"
 )
 _ROUTED = (
-    "the number of tokens routed to each expert (torch.where of the router's choice) changes every step; "
-    "Dynamo breaks the graph at torch.where, so the expert runs as a compiled graph between eager routing "
-    "ops. The eager ops run padded to eager buckets (eager/buckets.py), but the graph's outputs come back "
-    "in storages of their exact length, so the eager index_add_ and its backward that read them run at "
-    "exact shapes: a new count compiles them (eager and DeferAndFuse no longer recompile)"
+    "Dynamo breaks the graph at torch.where and compiles each expert call as its own graph; it specializes "
+    "sizes 0 and 1, so an expert routed 0 or 1 tokens is a static graph of its own whose outputs have exact "
+    "storages, and the eager ops after it compile once for each of those two counts (other counts share the "
+    "bucket's programs: eager/buckets.py and compile/dynamic.py). The tiny run sees its first such counts "
+    "within its last steps; by 12 steps it compiles nothing (eager and DeferAndFuse settle within 5)"
 )
 RECOMPILES = {
     ("qwen-moe", "compile"): _ROUTED,

@@ -26,6 +26,10 @@ dimension is one plain symbol, and no other reshape folds it into another dimens
 tensor has two different dynamic sizes; no size enters the arithmetic as a number.
 Padding a dynamic input goes through the host (one transfer each way), as inputs of
 varying length usually come from there; so do a training step's saved activations.
+An input in an eager-bucketed storage (eager/buckets.py: ``nonzero``'s positions and what
+padded eager ops made of them, e.g. ``x[token]`` between the graph breaks of a mixture of
+experts) is read in place: its symbol takes that storage's rows as its bucket, and the
+graph's outputs are marked bucketed alike, so the eager ops after the graph run padded.
 
 Eager mode: ops on a ``mark_dynamic`` tensor outside torch.compile run at exact shapes.
 """
@@ -39,13 +43,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..eager import buckets
 from ..eager.buckets import PADDING_SAFE  # op packets exact under XLA's masking, one list for both
 from ..errors import TpuError
 
 aten = torch.ops.aten
 BOUNDS_ATTR = "_torchtpu_bounds"
 _marked = [False]
-
 
 
 def mark_dynamic(t: torch.Tensor, dim: int, max_size: int) -> torch.Tensor:
@@ -179,27 +183,73 @@ class BoundedPlan:
         two (a batch's total of jagged ids) keep to one program instead of one per
         combination of tables, and a size Dynamo saw change grows into its room."""
         out = []
-        for symbol, n, b in zip(self.symbols, lengths, self.bounds(args)):
-            if b is None:
+        held = self._eager_buckets(args)
+        for s, (symbol, n, b) in enumerate(zip(self.symbols, lengths, self.bounds(args))):
+            if s in held and (b is None or held[s] <= b):
+                k = held[s]  # the rows its inputs' storages hold already: no padding to do
+            elif b is None:
                 k = self.shared.grown[symbol] = max(bucket(n + n // 4, None), self.shared.grown.get(symbol, 0))
             else:
                 k = bucket(n, b)
             out.append(k)
         return out
 
+    def _eager_buckets(self, args: list[Any]) -> dict[int, int]:
+        """Symbol -> the rows of the eager-bucketed storages (eager/buckets.py) its inputs
+        walk along their dynamic dim, where every such input agrees (a token count that
+        ``nonzero`` produced, a saved activation of an earlier call): the program of that
+        bucket reads those storages as they are, and its outputs are bucketed alike, so
+        the eager ops around the graph keep running padded."""
+        caps: dict[int, set[int]] = {}
+        for i, dims in self.tensor_dims.items():
+            for d, s in dims:
+                caps.setdefault(s, set()).add(eager_rows(args[i], d))
+        return {s: c.pop() for s, c in caps.items() if len(c) == 1 and None not in c}
+
     def pad_args(self, args: list[Any], buckets: list[int]) -> list[Any]:
-        """Inputs padded (through the host) to their bucket sizes; SymInts become buckets."""
+        """Inputs padded to their bucket sizes: a view over the spare rows of an
+        eager-bucketed storage that holds them, else through the host; SymInts become
+        buckets."""
         out = list(args)
         for i, dims in self.tensor_dims.items():
             t = args[i]
             pads = [(0, 0)] * t.dim()
             for d, s in dims:
                 pads[d] = (0, buckets[s] - t.shape[d])
-            if any(p[1] for p in pads) or not _own_storage(t):
+            if len(dims) == 1 and eager_rows(t, dims[0][0]) == buckets[dims[0][1]]:
+                d = dims[0][0]
+                out[i] = t.as_strided(t.shape[:d] + (buckets[dims[0][1]],) + t.shape[d + 1 :], t.stride(), t.storage_offset())
+            elif any(p[1] for p in pads) or not _own_storage(t):
                 out[i] = _pad_host(t, pads)
         for i, s in self.int_inputs.items():
             out[i] = buckets[s]
         return out
+
+
+def eager_rows(t: Any, d: int) -> int | None:
+    """The rows of ``t``'s eager-bucketed storage when dim ``d`` walks its live rows, else None."""
+    if not isinstance(t, torch.Tensor) or t.device.type != "tpu":
+        return None
+    from ..tensor.storage import cell_of
+
+    b = buckets.bucket_of(cell_of(t))
+    return b.cap if b is not None and b.n == t.shape[d] and buckets.dynamic_dim(t, b) == d else None
+
+
+def mark_rows(t: torch.Tensor, n: int, d: int) -> None:
+    """Mark the storage of a graph's output ``t`` (its first ``n`` rows along ``d`` live,
+    the rest the bucket's padding) as eager-bucketed, when its rows are laid out as
+    eager/buckets.py reads them (``d`` outermost in memory, dense)."""
+    from ..tensor.storage import cell_of
+
+    cell = cell_of(t)
+    row = t.stride(d)
+    if row <= 0 or cell.numel % row or t.storage_offset():
+        return
+    cap = cell.numel // row
+    b = buckets.Bucket(n, cap, row)
+    if cap > n and buckets.dynamic_dim(t, b) == d:
+        buckets.mark(cell, b)
 
 
 def _own_storage(t: torch.Tensor) -> bool:

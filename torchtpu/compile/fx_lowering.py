@@ -52,6 +52,7 @@ from ..runner.program import ProgramBuilder, StorageProgram, device_scalar, exec
 from ..runtime import pjrt
 from ..stablehlo.builder import Value
 from ..tensor.storage import Cell, cell_of, new_tensor
+from .dynamic import mark_rows
 
 aten = torch.ops.aten
 _SKIPPED = {
@@ -283,7 +284,11 @@ class CompiledGraph:
                 r = args[spec[1]]
             elif spec[0] == "new" and len(spec) > 5 and spec[5] is not None and isinstance(r, torch.Tensor):
                 sizes = [int(e.xreplace(subs)) if hasattr(e, "xreplace") else int(e) for e in spec[5]]
+                padded = tuple(r.shape)
                 r = r.as_strided(sizes, r.stride(), 0)
+                grown = [d for d, (a, b) in enumerate(zip(sizes, padded)) if a != b]
+                if len(grown) == 1:  # eager ops that read it run padded too (eager/buckets.py)
+                    mark_rows(r, sizes[grown[0]], grown[0])
             out.append(r)
         return out
 
