@@ -37,14 +37,90 @@ def bucketed(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def test_user_uploads_keep_storages_of_their_own_size() -> None:
-    """Only data-dependent positions are bucketed: a tensor a user moves to the device has
-    PyTorch's storage size, at any length and however often the length changes."""
+@pytest.fixture
+def fresh_upload_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No 1-d upload seen before: which lengths varied is per process (buckets.varies)."""
+    monkeypatch.setattr(buckets, "_UPLOAD_LENGTHS", {})
+
+
+def twin_of(t: torch.Tensor) -> torch.Tensor | None:
+    return buckets._twin_view(t)
+
+
+def test_user_uploads_keep_storages_of_their_own_size(fresh_upload_history: None) -> None:
+    """A tensor a user moves to the device has PyTorch's storage size at any length. A
+    1-d upload whose length varied before (ids of another batch: a second length in its
+    dtype's bucket) also gets a bucketed twin for padded ops; one uploaded at one length
+    (a bias, a fixed batch of labels) does not."""
     for n in (5, 37, 40, 37, 600):
         for t in (torch.arange(n), torch.rand(n)):
             d = t.to("tpu")
             assert d.untyped_storage().nbytes() == t.untyped_storage().nbytes()
             assert buckets.bucket_of(d.untyped_storage()._cell) is None and torch.equal(d.cpu(), t)
+    assert twin_of(torch.arange(600).to("tpu")) is None  # its bucket (1024 rows) saw one length
+    assert twin_of(torch.rand(7).to("tpu")) is not None  # float32 in 512 rows saw 5, 37 and 40
+    ids = torch.arange(9).to("tpu")
+    twin = twin_of(ids)
+    assert twin is not None and twin.shape == (9,) and twin.untyped_storage().nbytes() == 512 * 8
+    assert torch.equal(twin.cpu(), torch.arange(9))
+    assert twin_of(torch.nn.Parameter(torch.rand(9)).to("tpu")) is None
+    # a dtype view of the storage reads other elements than the twin holds: never the twin
+    for n in (3, 4):
+        torch.zeros(n, dtype=torch.uint8).to("tpu")
+    raw = torch.tensor([0, 1, 2, 0, 5, 9], dtype=torch.uint8)
+    d = raw.to("tpu")
+    assert twin_of(d) is not None and twin_of(d.view(torch.bool)) is None
+    assert torch.equal(d.view(torch.bool).clone().cpu(), raw.view(torch.bool))
+
+
+def test_a_written_upload_drops_its_twin(mode: str, fresh_upload_history: None) -> None:
+    """Ops read the twin only while the storage holds what was uploaded: after an in-place
+    write (run or pending), the ids' own storage is read, with the new values."""
+    for n in (3, 4):
+        torch.arange(n).to("tpu")
+    table = torch.rand(20, 4)
+    ids = torch.tensor([1, 5, 7, 2, 2])
+    t = ids.to("tpu")
+    assert twin_of(t) is not None
+    t.add_(3)
+    assert twin_of(t) is None
+    torch.testing.assert_close(F.embedding(t, table.to("tpu")).cpu(), F.embedding(ids + 3, table))
+    # an op that writes an uploaded tensor writes the user's storage, not the twin
+    u = torch.zeros(6).to("tpu")
+    u.index_put_((torch.tensor([0, 4]).to("tpu"),), torch.tensor([1.0, 2.0]).to("tpu"))
+    assert torch.equal(u.cpu(), torch.tensor([1.0, 0, 0, 0, 2.0, 0]))
+
+
+def _check_bag_step(bag: torch.nn.EmbeddingBag, dbag: torch.nn.EmbeddingBag, got: torch.Tensor, want: torch.Tensor) -> None:
+    """The tpu bag's output and weight gradient equal the CPU bag's."""
+    torch.testing.assert_close(got.cpu(), want)
+    bag.zero_grad()
+    dbag.zero_grad()
+    (want * want).sum().backward()
+    (got * got).sum().backward()
+    torch.testing.assert_close(dbag.weight.grad.cpu(), bag.weight.grad)
+
+
+def test_embedding_bag_with_uploaded_ids_compiles_per_bucket(mode: str, fresh_upload_history: None) -> None:
+    """A recommender's batches: another total of ids per step, uploaded with .to("tpu").
+    The bag runs padded on the ids' twins: the CPU's numbers and gradients, and new totals
+    in the bucket compile nothing."""
+    torch.manual_seed(6)
+    bag = torch.nn.EmbeddingBag(50, 6, mode="sum")
+    dbag = torch.nn.EmbeddingBag(50, 6, mode="sum").to("tpu")
+    dbag.load_state_dict(bag.state_dict())
+    before = None
+    for step in range(6):
+        lengths = torch.randint(1, 4, (8,))
+        ids = torch.randint(0, 50, (int(lengths.sum()),))
+        offsets = torch.cumsum(lengths, 0) - lengths
+        psw = torch.rand(len(ids))
+        want = bag(ids, offsets, per_sample_weights=psw)
+        got = dbag(ids.to("tpu"), offsets.to("tpu"), per_sample_weights=psw.to("tpu"))
+        _check_bag_step(bag, dbag, got, want)
+        if step == 2:
+            before = compiles()
+    assert compiles() == before
 
 
 def test_bucketed_ids_read_like_ordinary_ones() -> None:
@@ -144,12 +220,7 @@ def test_embedding_bag_with_bucketed_ids_matches_the_cpu(mode: str, mode_: str) 
         psw = torch.rand(len(ids)) if mode_ == "sum" else None
         want = bag(ids, offsets, per_sample_weights=psw)
         got = dbag(bucketed(ids), offsets.to("tpu"), per_sample_weights=None if psw is None else bucketed(psw))
-        torch.testing.assert_close(got.cpu(), want)
-        bag.zero_grad()
-        dbag.zero_grad()
-        (want * want).sum().backward()
-        (got * got).sum().backward()
-        torch.testing.assert_close(dbag.weight.grad.cpu(), bag.weight.grad)
+        _check_bag_step(bag, dbag, got, want)
         if step == 2:
             before = compiles()
     assert compiles() == before  # new id totals, same bucket: nothing new

@@ -34,12 +34,6 @@ TRAINING = {
 FAST = {("mingpt", "compile")}
 # (example, mode) runs whose last steps still compile, and why (each a backend limitation,
 # not the example's): the check asserts they do, so a fix shows up as a failure to update here.
-_JAGGED = (
-    "each batch has another total number of ids per table (bags of 1..3 ids), and eager and DeferAndFuse "
-    "run embedding_bag at exact shapes: a new total compiles its forward and backward programs. Eager "
-    "buckets (eager/buckets.py) cover lengths the data decides on the device (nonzero); ids a user uploads "
-    "keep storages of their own size, as PyTorch's untyped_storage() shows (compiled mode buckets the totals)"
-)
 _ROUTED = (
     "Dynamo breaks the graph at torch.where and compiles each expert call as its own graph; it specializes "
     "sizes 0 and 1, so an expert routed 0 or 1 tokens is a static graph of its own whose outputs have exact "
@@ -49,10 +43,6 @@ _ROUTED = (
 )
 RECOMPILES = {
     ("qwen-moe", "compile"): _ROUTED,
-    ("dlrm-sgd", "eager"): _JAGGED,
-    ("dlrm-sgd", "defer"): _JAGGED,
-    ("dlrm-adagrad", "eager"): _JAGGED,
-    ("dlrm-adagrad", "defer"): _JAGGED,
 }
 
 

@@ -2,15 +2,16 @@
 
 A mixture of experts routes ``token = torch.where(routed[e])[1]`` -- a different number of
 tokens every step -- through ``x[token]``, the expert's linears and ``out.index_add_(0,
-token, y)``. Keyed by exact shapes, every new count compiles every op that touches it,
-forward and backward.
+token, y)``; a recommender's batch holds a different total of ids per table. Keyed by
+exact shapes, every new length compiles every op that touches it, forward and backward.
 
 A *bucketed* tensor has a leading storage dimension with spare rows: its storage holds
 ``cap`` rows (``rows(n)``: growth.capacity's scheme) of which the first ``n`` are its
 elements (a :class:`Bucket` on the storage's cell). Such storages are ``nonzero``'s
-results (``upload``; ``where(cond)``) and the results of padded ops on them; tensors a
-user uploads keep storages of their own size (their ``untyped_storage().nbytes()`` is
-PyTorch's). An op that reads one runs *padded* (``plan_padded``) when
+results (``upload``; ``where(cond)``) and the results of padded ops on them. Tensors a
+user uploads keep storages of their own size (``untyped_storage().nbytes()`` is
+PyTorch's); a 1-d upload whose length varies (``varies``: ids) also gets a bucketed
+*twin*, which padded ops read in its place while the storage is unwritten (``add_twin``). An op that reads one runs *padded* (``plan_padded``) when
 
 - it is known to be exact under XLA's masking (``PADDING_SAFE``), and
 - every bucketed view it reads walks the live rows of its storage along one dimension
@@ -156,6 +157,84 @@ def upload(t: torch.Tensor, to_device: Any) -> torch.Tensor | None:
     return new_tensor(cell, tuple(host.shape), contiguous_strides(host.shape), 0, t.dtype)
 
 
+# -- ids a user uploads: an exact storage, and a bucketed twin ---------------------------------
+# (dtype, bucket) -> the first length a 1-d upload of that dtype and bucket had, or VARYING
+# once another followed. Bounded by dtypes x buckets.
+_UPLOAD_LENGTHS: dict[tuple[torch.dtype, int], int] = {}
+VARYING = -1
+_TWIN_MAX_ROWS = 1 << 20  # past this a second copy on the device costs more than a compile
+
+
+class _Twin:
+    """The bucketed copy of an uploaded storage: uploaded from a host copy the first time a
+    padded op reads it (an upload that no padded op reads costs no second transfer), and
+    valid while the storage still holds the buffer it was uploaded with (XLA buffers are
+    immutable: any write replaces it)."""
+
+    __slots__ = ("buf", "host", "to_device", "twin")
+
+    def __init__(self, buf: Any, host: torch.Tensor, to_device: Any) -> None:
+        self.buf = buf
+        self.host: torch.Tensor | None = host
+        self.to_device = to_device
+        self.twin: torch.Tensor | None = None
+
+    def tensor(self) -> torch.Tensor | None:
+        if self.host is not None:
+            self.twin, self.host = upload(self.host, self.to_device), None
+        return self.twin
+
+
+_TWINS: dict[int, tuple[weakref.ref, _Twin]] = {}
+
+
+def varies(dtype: torch.dtype, n: int) -> bool:
+    """Whether 1-d uploads of ``dtype`` have come at two lengths of ``n``'s bucket (this
+    one included): a batch's ids, its per-sample weights. A tensor uploaded at one length
+    -- a bias, a buffer, a fixed batch of labels -- has no twin. Sticky: once a bucket
+    varies, a length that happens to repeat reuses its programs too."""
+    key = (dtype, rows(n))
+    first = _UPLOAD_LENGTHS.setdefault(key, n)
+    if first not in (n, VARYING):
+        _UPLOAD_LENGTHS[key] = first = VARYING
+    return first == VARYING
+
+
+def add_twin(t: torch.Tensor, host: torch.Tensor, to_device: Any) -> None:
+    """Give uploaded tensor ``t`` (a copy of 1-d CPU tensor ``host``, in a storage of its
+    own size: what PyTorch's ``untyped_storage()`` shows) a bucketed twin, when uploads of
+    its length vary: ops that read ``t`` and run padded read the twin instead
+    (``plan_padded``), so a new total of ids compiles nothing."""
+    n = host.shape[0]
+    if n > _TWIN_MAX_ROWS or rows(n) == n or host.requires_grad or not varies(host.dtype, n):
+        return
+    cell = t.untyped_storage()._cell
+    key = id(cell)
+    # a copy: the user may change their CPU tensor before a padded op reads the twin
+    twin = _Twin(cell._buf, host.detach().clone(), to_device)
+    _TWINS[key] = (weakref.ref(cell, lambda _: _TWINS.pop(key, None)), twin)
+
+
+def _valid_twin(t: Any) -> _Twin | None:
+    """The twin of ``t``'s storage, or None: no twin, or the storage was written since (its
+    buffer replaced, or a pending DeferAndFuse write), or ``t`` reads it as another dtype
+    (a uint8 storage viewed as bool means other elements than the twin holds)."""
+    if not isinstance(t, torch.Tensor) or t.device.type != "tpu" or t.is_conj() or t.is_neg():
+        return None
+    cell = t.untyped_storage()._cell
+    entry = _TWINS.get(id(cell))
+    if entry is None or cell.lazy is not None or cell._buf is not entry[1].buf or t.dtype != cell.dtype:
+        return None
+    return entry[1]
+
+
+def _twin_view(t: torch.Tensor) -> torch.Tensor | None:
+    """``t`` read from its storage's bucketed twin (same geometry), or None."""
+    entry = _valid_twin(t)
+    twin = None if entry is None else entry.tensor()
+    return None if twin is None else twin.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
 def dynamic_dim(t: torch.Tensor, b: Bucket) -> int | None:
     """The dimension of view ``t`` that walks its storage's live rows (size ``n``, stride
     one row, every other index within the first row), so that padding it to ``cap`` reads
@@ -190,6 +269,7 @@ class Padded(NamedTuple):
     dims: dict[int, int]  # id(tensor) -> dim padded to cap
     in_dims: tuple[tuple[int, int], ...]  # (tensor ordinal in the call, dim)
     out_dims: tuple[int | None, ...]  # per flattened new result: its dim of length n, or None
+    values: list[Any]  # the call's arguments, uploaded ids replaced by their bucketed twins
 
     @property
     def key(self) -> tuple:
@@ -229,9 +309,11 @@ def _tensors(plan: OpPlan, values: list[Any]) -> list[tuple[str, torch.Tensor]]:
 def plan_padded(plan: OpPlan, values: list[Any]) -> Padded | None:
     """How this call runs padded, or None: it runs at exact shapes."""
     packet = plan.functional.overloadpacket.__name__
-    if not _CELLS or plan.out_positions or packet not in EAGER_SAFE:
+    if not (_CELLS or _TWINS) or plan.out_positions or packet not in EAGER_SAFE:
         return None
     paddable = _PADDABLE.get(packet)
+    if _TWINS:
+        values = _with_twins(plan, values, paddable)
     dims: dict[int, int] = {}
     in_dims, length = [], None
     for i, (name, t) in enumerate(_tensors(plan, values)):
@@ -262,7 +344,29 @@ def plan_padded(plan: OpPlan, values: list[Any]) -> Padded | None:
     out_dims = _result_dims(plan, values, dims, n, cap)
     if out_dims is None:
         return None
-    return Padded(n, cap, dims, tuple(in_dims), out_dims)
+    return Padded(n, cap, dims, tuple(in_dims), out_dims, values)
+
+
+def _with_twins(plan: OpPlan, values: list[Any], paddable: set[str] | None) -> list[Any]:
+    """``values`` with each uploaded tensor the op may pad read from its bucketed twin;
+    never one the op writes (the write must reach the user's storage)."""
+    if not any(_valid_twin(t) is not None for _, t in _tensors(plan, values)):
+        return values  # the common case: nothing to swap, nothing copied
+    written = {id(t) for t in plan.mutated_tensors(values) if isinstance(t, torch.Tensor)}
+
+    def swap(name: str, t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or id(t) in written or (paddable is not None and name not in paddable):
+            return t
+        twin = _twin_view(t)
+        return t if twin is None else twin
+
+    out = list(values)
+    for i, (name, kind, v) in enumerate(zip(plan.names, plan.kinds, values)):
+        if kind == KIND_TENSOR:
+            out[i] = swap(name, v)
+        elif kind == KIND_TENSOR_LIST and v is not None:
+            out[i] = type(v)(swap(name, t) for t in v)
+    return out
 
 
 def _result_dims(plan: OpPlan, values: list[Any], dims: dict[int, int], n: int, cap: int) -> tuple[int | None, ...] | None:

@@ -205,7 +205,9 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
             return growth.run_append(append, run_utility, _int_operand)
     if plan.out_positions:
         _resize_outs(plan, values)
-    padded = buckets.plan_padded(plan, values) if buckets._CELLS else None
+    padded = buckets.plan_padded(plan, values) if buckets._CELLS or buckets._TWINS else None
+    if padded is not None:
+        values = padded.values  # uploaded ids read from their bucketed twins
     call = _collect(plan, values, padded)
     key = tuple(call.key)
     if plan.random:

@@ -62,20 +62,26 @@ def from_cpu(t: torch.Tensor, keep_layout: bool = False) -> torch.Tensor:
     buf = _put(arr)
     metrics.add("h2d_bytes", arr.nbytes)
     metrics.add("h2d_transfers")
-    return new_tensor(Cell(arr.size, t.dtype, buf, arr.shape), sizes, strides, 0, t.dtype)
+    out = new_tensor(Cell(arr.size, t.dtype, buf, arr.shape), sizes, strides, 0, t.dtype)
+    if t.dim() == 1:  # ids of varying length get a bucketed twin (buckets.add_twin)
+        from .buckets import add_twin
+
+        add_twin(out, t, _put_counted)
+    return out
+
+
+def _put_counted(host: torch.Tensor) -> Any:
+    arr = _host_array(host)
+    metrics.add("h2d_bytes", arr.nbytes)
+    metrics.add("h2d_transfers")
+    return _put(arr)
 
 
 def upload_bucketed(t: torch.Tensor) -> torch.Tensor | None:
     """CPU tensor ``t`` in a storage with spare rows (``buckets.upload``), or None."""
     from .buckets import upload
 
-    def put(host: torch.Tensor) -> Any:
-        arr = _host_array(host)
-        metrics.add("h2d_bytes", arr.nbytes)
-        metrics.add("h2d_transfers")
-        return _put(arr)
-
-    return upload(t, put)
+    return upload(t, _put_counted)
 
 
 def _put(arr: np.ndarray) -> Any:
