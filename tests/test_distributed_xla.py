@@ -139,10 +139,25 @@ def test_xla_collectives_defer_and_fuse(tmp_path: Path) -> None:
     _assert_all_ok(tmp_path, 2)
 
 
+@pytest.mark.parametrize("check", ["1", pytest.param("0", marks=pytest.mark.slow)])
+def test_defer_and_fuse_records_collectives(tmp_path: Path, check: str) -> None:
+    """DeferAndFuse records all_reduce, all_gather_into_tensor and reduce_scatter_tensor into
+    the pending graph: values equal the CPU's (DDP training included), one program for
+    compute + all_reduce + compute without the cross-rank check, ranks whose graphs end at
+    different ops, a result one rank drops, bucketed tensors exchanged without spare rows."""
+    env = dict(XLA, TORCHTPU_DEFER_AND_FUSE="1", TORCHTPU_DIST_CHECK=check)
+    _check_rc(spawn(SCRIPTS / "defer_collectives.py", out=tmp_path, timeout=300, **env))
+    for r in range(2):
+        res = _read(tmp_path, f"rank{r}.json")
+        assert len(res) == 8 and all(v == "ok" for v in res.values()), res
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("defer", ["0", "1"])
 @pytest.mark.parametrize("example", ["ddp", "fsdp2", "tensor_parallel"])
-def test_xla_training_matches_single_process(tmp_path: Path, example: str) -> None:
-    _check_rc(spawn(EXAMPLES / f"{example}.py", "--compare", out=tmp_path, timeout=300, **XLA))
+def test_xla_training_matches_single_process(tmp_path: Path, example: str, defer: str) -> None:
+    env = dict(XLA, TORCHTPU_DEFER_AND_FUSE=defer)  # defer: the collectives are recorded into graphs
+    _check_rc(spawn(EXAMPLES / f"{example}.py", "--compare", out=tmp_path, timeout=300, **env))
     for r in range(2):
         res = _read(tmp_path, f"{example}_rank{r}.json")
         assert len(res["losses"]) == 10 and res["max_diff"] <= 1e-4, res

@@ -18,9 +18,20 @@ import torch
 
 from ..lowering import collectives as C
 from ..lowering.collectives import REDUCE_OPS, check_reduce
-from ..stablehlo.builder import Builder, prod
+from ..stablehlo.builder import Builder, Value, prod
 
-__all__ = ["REDUCE_OPS", "check_reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
+__all__ = [
+    "REDUCE_OPS",
+    "check_reduce",
+    "all_reduce",
+    "all_reduce_values",
+    "all_gather_value",
+    "reduce_scatter_value",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+]
 
 Shape = tuple[int, ...]
 
@@ -37,6 +48,21 @@ def all_reduce(shapes: Sequence[Shape], dtype: torch.dtype, op: str, w: int) -> 
     """Each input reduced across the group; one all_reduce for all of them (coalesced)."""
     b = Builder()
     return b.module(C.all_reduce_many(b, [b.param(s, dtype) for s in shapes], op, _groups(w)))
+
+
+def all_reduce_values(b: Builder, xs: Sequence[Value], op: str, w: int) -> list[Value]:
+    """``all_reduce`` inside a larger program (a DeferAndFuse graph): each value reduced."""
+    return C.all_reduce_many(b, xs, op, _groups(w))
+
+
+def all_gather_value(b: Builder, x: Value, w: int) -> Value:
+    """``all_gather_into_tensor`` inside a larger program: the ranks' values, flat, in rank order."""
+    return C.flat(b, C.all_gather(b, x, _groups(w)))
+
+
+def reduce_scatter_value(b: Builder, x: Value, op: str, w: int) -> Value:
+    """``reduce_scatter_tensor`` inside a larger program: this rank's chunk of the reduction (flat)."""
+    return C.reduce_scatter(b, C.flat(b, x), op, _groups(w))
 
 
 def all_gather(shape: Shape, dtype: torch.dtype, w: int, out_shapes: Sequence[Shape]) -> str:

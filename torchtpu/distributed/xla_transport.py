@@ -13,6 +13,13 @@ collective: the process group's cross-rank check, CPU tensors given to the group
 
 ``allreduce_start`` (every ``all_reduce``, DDP's buckets) enqueues the program and returns:
 the device runs collectives in launch order, and the work waits on the result buffers.
+
+Under DeferAndFuse an ``all_reduce`` is recorded into the thread's pending graph instead
+(``deferred.record_collective``): it runs in one program with the compute around it, and
+its work is complete at once, as later reads of the tensors follow it in that program.
+Every other collective runs the graph first. So does every host exchange (the cross-rank
+check, CPU tensors, split sizes): a rank blocked on the host while its graph still holds
+a collective could hold back a peer that waits on the device for that collective.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..eager import deferred
 from ..eager.minimal import covers_storage
 from ..errors import TpuRuntimeError
 from ..runtime import distributed as rdist
@@ -67,7 +75,11 @@ def _arg(t: torch.Tensor) -> tuple[Any, Shape]:
     """The device buffer holding ``t``'s value, and its shape (a copy for a view)."""
     t = t.detach()
     if not covers_storage(t):
-        t = t.resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
+        # copied into a storage of its own size: a clone would keep a bucketed tensor's
+        # spare rows (eager/buckets.py), and the program would exchange them too
+        exact = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        exact.copy_(t)
+        t = exact
     cell = cell_of(t)
     buf = cell.buf  # runs pending DeferAndFuse work that produces it
     if buf is None:  # never written: reads as zeros
@@ -95,9 +107,8 @@ def _store(t: torch.Tensor, buf: Any, shape: Shape) -> None:
 
 
 def _flush() -> None:
-    """Pending DeferAndFuse work runs before a collective (its buffers are read directly)."""
-    from ..eager import deferred
-
+    """Pending DeferAndFuse work runs before a collective that is not recorded (its buffers
+    are read directly) and before a host exchange (the module doc)."""
     deferred.flush("collective")
 
 
@@ -140,12 +151,21 @@ class XlaTransport:
         return rdist.run_for_group(exe, args) if wait else rdist.launch_for_group(exe, args)
 
     def _on_host(self, *groups: Sequence[torch.Tensor]) -> bool:
-        """CPU tensors go to the host transport (``"cpu:gloo,tpu:tpu"``)."""
-        return any(not is_tpu(t) for g in groups for t in g)
+        """CPU tensors go to the host transport (``"cpu:gloo,tpu:tpu"``); pending
+        DeferAndFuse work runs first (the module doc)."""
+        if all(is_tpu(t) for g in groups for t in g):
+            return False
+        _flush()
+        return True
 
-    def _reduce(self, tensors: list[torch.Tensor], op: str, write: bool = True, wait: bool = True) -> list[Any]:
+    def _reduce(
+        self, tensors: list[torch.Tensor], op: str, write: bool = True, wait: bool = True, record: bool = True
+    ) -> list[Any]:
         """One program all-reduces every tensor of one dtype (coalesced); the output buffers
-        (not yet ready unless ``wait``)."""
+        (not yet ready unless ``wait``), none when the all_reduce was recorded (``record``:
+        it may be, on every rank alike)."""
+        if record and write and self._record_reduce(tensors, op):
+            return []
         _flush()
         launched: list[Any] = []
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -167,6 +187,30 @@ class XlaTransport:
                 for t, buf, s in zip(group, outs, shapes):
                     _store(t, buf, s)
         return launched
+
+    def _record(self, key: tuple, reads: list[torch.Tensor], writes: list[torch.Tensor], lower: Callable) -> bool:
+        """Under DeferAndFuse, record a collective that reads the storages of ``reads`` and
+        rewrites those of ``writes`` (``lower``: their flat values, read -> written) into the
+        pending graph. False where it runs as its own program: not deferring, a tensor that
+        is a view into a larger storage, two tensors of one storage."""
+        if not deferred.deferring() or not all(covers_storage(t) for t in (*reads, *writes)):
+            return False
+        read_cells, write_cells = [cell_of(t) for t in reads], [cell_of(t) for t in writes]
+        distinct = {id(c) for c in read_cells}
+        if len(distinct) < len(reads) or (writes is not reads and (distinct & {id(c) for c in write_cells})):
+            return False
+        if len({id(c) for c in write_cells}) < len(writes):
+            return False
+        shapes = tuple((c.numel, c.dtype) for c in (*read_cells, *write_cells))
+        c = deferred.Collective((*key, shapes, self.ranks), self.ranks, len(reads), lower)
+        deferred.record_collective(c, read_cells, write_cells)
+        return True
+
+    def _record_reduce(self, tensors: list[torch.Tensor], op: str) -> bool:
+        for t in tensors:
+            P.check_reduce(op, t.dtype)
+        size = self.size
+        return self._record(("all_reduce", op), tensors, tensors, lambda b, xs: P.all_reduce_values(b, xs, op, size))
 
     # -- reductions ---------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> None:
@@ -200,7 +244,7 @@ class XlaTransport:
         if self._on_host(tensors):
             return self.host.reduce(tensors, opts)
         for t in tensors:
-            self._reduce([t], _op(opts), write=self.rank == opts.rootRank)
+            self._reduce([t], _op(opts), write=self.rank == opts.rootRank, record=False)
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> None:
         if self._on_host([output, input]):
@@ -214,8 +258,13 @@ class XlaTransport:
             self._reduce_scatter(out, ins, _op(opts))
 
     def _reduce_scatter(self, output: torch.Tensor, inputs: list[torch.Tensor], op: str) -> None:
-        _flush()
         P.check_reduce(op, output.dtype)
+        size = self.size
+        if len(inputs) == 1 and self._record(
+            ("reduce_scatter", op), inputs, [output], lambda b, xs: [P.reduce_scatter_value(b, xs[0], op, size)]
+        ):
+            return
+        _flush()
         args = [_arg(t) for t in inputs]
         shapes, out = tuple(s for _, s in args), _out_shape(output)
         dtype = output.dtype
@@ -257,6 +306,9 @@ class XlaTransport:
     def allgather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> None:
         if self._on_host([output, input]):
             return self.host.allgather_into_tensor(output, input, opts)
+        size = self.size
+        if self._record(("all_gather",), [input], [output], lambda b, xs: [P.all_gather_value(b, xs[0], size)]):
+            return
         self._gather_into([output], input, "all_gather_into_tensor")
 
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> None:
@@ -340,7 +392,7 @@ class XlaTransport:
 
     def barrier(self, opts: Any) -> None:
         token = torch.zeros(1, dtype=torch.int32, device="tpu")
-        self._reduce([token], "sum", write=False)
+        self._reduce([token], "sum", write=False, record=False)
 
     # -- point to point -----------------------------------------------------------------------
     def _pair(self, t: torch.Tensor, src: int, dst: int, sending: bool) -> None:
@@ -378,6 +430,7 @@ class XlaTransport:
 
     # -- the process group's own checks, lifetime -------------------------------------------------
     def allgather_small(self, value: torch.Tensor) -> torch.Tensor:
+        _flush()  # a host exchange (the module doc)
         return self.host.allgather_small(value)
 
     def shutdown(self) -> None:

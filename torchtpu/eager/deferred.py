@@ -12,6 +12,10 @@ the hot path. Output tensors are ordinary tpu tensors whose storage cells are *l
 - the op about to be recorded starts the same sequence again (a loop step repeats);
 - the graph reaches ``MAX_NODES`` ops, so programs stay compilable.
 
+Collectives of the xla transport are recorded too (:func:`record_collective`): the graph's
+program then spans the collective's group (replica mode, ``runner/program.py``), so a
+gradient all-reduce runs in one program with the compute around it.
+
 The fused program is cached by the graph's structure: per op its eager key with the
 storage slots it touches, the kinds of the graph's inputs, and which written storages
 are still alive (dead intermediates are not outputs, so XLA fuses them away). Input
@@ -24,6 +28,7 @@ import itertools
 import sys
 import threading
 import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -33,8 +38,9 @@ from ..errors import TpuError
 from ..runner import checks
 from ..runner.bounded import BoundedCache
 from ..runner.program import Blame, ProgramBuilder, StorageProgram, execute
+from ..stablehlo.builder import Builder, Value
 from ..tensor.storage import Cell, new_tensor
-from . import growth, rng, validate
+from . import growth, modes, rng, validate
 from .oplower import RUNTIME_OFFSET, dynamic, lower_op, lower_single, scalar_params
 from .plan import KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
 
@@ -67,8 +73,30 @@ class _Compiled:
         self.blame_nodes = blame_nodes  # per device-side check: the node that added it
 
 
+class Collective(NamedTuple):
+    """A collective to record into a graph: it reads the flat values of ``reads`` storages
+    and writes the flat values of the ones after them (``record_collective``)."""
+
+    key: tuple  # what it computes, the group's ranks included: part of the graph's cache key
+    group: tuple[int, ...]  # global ranks its program spans (replica i runs on rank group[i])
+    reads: int
+    lower: Callable[[Builder, list[Value]], list[Value]]  # read values -> written values
+
+
 class _Node:
-    __slots__ = ("plan", "key", "lvalues", "gslots", "out_gslots", "scalar_types", "random", "where", "padded_key")
+    __slots__ = (
+        "plan",
+        "key",
+        "lvalues",
+        "gslots",
+        "out_gslots",
+        "scalar_types",
+        "random",
+        "where",
+        "padded_key",
+        "collective",
+        "keep",
+    )
 
     def __init__(self, plan: OpPlan | None, key: tuple, lvalues: list, gslots: tuple, scalar_types: list):
         self.plan = plan  # None for a flat append (growth.py), lowered from its key
@@ -80,6 +108,8 @@ class _Node:
         self.random = plan is not None and plan.random
         self.where = ""
         self.padded_key: tuple | None = None  # buckets.Padded.key of a call run padded
+        self.collective: Collective | None = None
+        self.keep: tuple[Cell, ...] = ()  # a collective's written storages, alive until the flush
 
 
 class Graph:
@@ -96,6 +126,7 @@ class Graph:
         self.written: dict[int, None] = {}  # slots created or overwritten (ordered set)
         self.keys: list[tuple] = []
         self.hooked_backward = -1
+        self.group: tuple[int, ...] | None = None  # the ranks of its collectives, if any
         self.lock = threading.RLock()
         self.flushed = False
 
@@ -209,6 +240,33 @@ def record_append(a: growth.Append, operand: Any) -> torch.Tensor:
     if len(g.nodes) >= MAX_NODES:
         _flush_graph(g, "size")
     return result
+
+
+def deferring() -> bool:
+    """Whether this thread records ops (DeferAndFuse) instead of running them."""
+    return modes.current() == modes.DEFER
+
+
+def record_collective(c: Collective, reads: Sequence[Cell], writes: Sequence[Cell]) -> None:
+    """Record collective ``c`` -- reading the storages ``reads``, rewriting ``writes`` --
+    into this thread's graph, whose program then spans ``c.group``. Its written storages
+    stay results of the program even if the user drops them: XLA deletes a collective whose
+    result is unused, and a peer whose program kept it would wait for it forever. Every
+    rank must record the same collectives in the same order (as it must call them); where
+    each rank's graphs begin and end may differ."""
+    g = _graph_for(list(reads), c.key)
+    if g.group not in (None, c.group):  # one replica layout per program
+        _flush_graph(g, "collective_group")
+        g = _graph()
+    g.group = c.group
+    node = _Node(None, c.key, [], tuple(g.slot(cell) for cell in (*reads, *writes)), [])
+    node.collective, node.keep = c, tuple(writes)
+    for cell in writes:
+        cell.lazy = g
+        g.written[g.slot(cell)] = None
+    _append_node(g, node, c.key)
+    if len(g.nodes) >= MAX_NODES:
+        _flush_graph(g, "size")
 
 
 def _join_forward_graph(g: Graph, cells: list[Cell]) -> Graph:
@@ -364,7 +422,10 @@ def _donatable(g: Graph, live: list[tuple[int, Cell]]) -> tuple[int, ...]:
 def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
     """The graph's program: every written storage still alive is a result (rewritten
     inputs and new cells alike); the rest are intermediates XLA fuses away."""
-    pb = ProgramBuilder()
+    # a graph with collectives: its ranks' graphs may begin and end at different ops, so
+    # the n-th program of each rank is not the others' n-th (ProgramBuilder's agreement);
+    # the process group checks every collective call instead (TORCHTPU_DIST_CHECK)
+    pb = ProgramBuilder(g.group, agree=False)
     values: list[Any] = [None] * len(g.kinds)
     for idx, (kind, numel, dtype, shape) in enumerate(g.kinds):
         if kind != NEW:
@@ -378,11 +439,17 @@ def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
             blame_nodes.extend([n] * (len(pb.ctx.checks) - before))
     results = [(idx, values[idx], g.kinds[idx][3]) for idx in live]
     donate = [g.input_slots[i] for i in donated]
-    return _Compiled(pb.finish([], results, f"fused graph of {len(g.nodes)} ops", donate), blame_nodes)
+    what = f"fused graph of {len(g.nodes)} ops" + (" with collectives" if g.group is not None else "")
+    return _Compiled(pb.finish([], results, what, donate), blame_nodes)
 
 
 def _lower_node(ctx: Any, g: Graph, node: _Node, values: list[Any]) -> None:
     """Lower one recorded op, reading and writing the graph's current storage values."""
+    if node.collective is not None:
+        reads, writes = node.gslots[: node.collective.reads], node.gslots[node.collective.reads :]
+        for slot, v in zip(writes, node.collective.lower(ctx.b, [values[s] for s in reads])):
+            values[slot] = v
+        return
     scalars = scalar_params(ctx.b, node.scalar_types)
     if node.plan is None:
         values[node.out_gslots[0]] = growth.lower_append(ctx.b, node.key, [values[s] for s in node.gslots], scalars)

@@ -91,13 +91,16 @@ class StorageProgram:
 
 class ProgramBuilder:
     """Builds one storage program: ``storage()`` per slot, lower, then ``finish()``.
-    ``group``: the global ranks a program with collectives spans (see the module doc)."""
+    ``group``: the global ranks a program with collectives spans (see the module doc);
+    ``agree``: whether building it checks that each rank's n-th program over the group has
+    the same collectives (``runtime/distributed.py: agree_on_collectives``)."""
 
-    def __init__(self, group: Sequence[int] | None = None) -> None:
+    def __init__(self, group: Sequence[int] | None = None, agree: bool = True) -> None:
         self.ctx = ProgramContext(precision=current_precision())
         self.ctx.set_platform(pjrt.get())
         self.b = self.ctx.b
         self.group = tuple(group) if group is not None else None
+        self.agree = agree
         self._param_of: dict[int, int] = {}  # slot -> parameter index
 
     def storage(self, slot: int, shape: tuple[int, ...], numel: int, dtype: torch.dtype, initialized: bool) -> Value:
@@ -128,7 +131,8 @@ class ProgramBuilder:
         if self.group is None:
             key, _ = cache.compile_keyed(text, what)
         else:  # compiled now, like every other program, not at its first run
-            rdist.agree_on_collectives(text, self.group, what)
+            if self.agree:
+                rdist.agree_on_collectives(text, self.group, what)
             key = cache.program_key(text)
             rdist.group_executable(key, text, self.group, what)
         messages = [m for _, m in self.ctx.checks]
