@@ -32,8 +32,8 @@ def test_in_graph_fsdp_needs_a_fully_sharded_model() -> None:
         InGraphFSDP(torch.nn.Linear(2, 2))
 
 
-def _results(out: Path, scenario: str) -> list[dict]:
-    results = [_read(out, f"rank{r}.json")[scenario] for r in range(2)]
+def _results(out: Path, scenario: str, nproc: int = 2) -> list[dict]:
+    results = [_read(out, f"rank{r}.json")[scenario] for r in range(nproc)]
     for res in results:
         assert "error" not in res, res["error"]
     return results
@@ -78,6 +78,27 @@ def test_fsdp2_step_is_one_program_with_its_collectives(tmp_path: Path) -> None:
     for res in _results(tmp_path, "model"):
         assert res["max_diff"] <= FSDP2_TOL and all(c["executions"] > 1 for c in res["counts"]), res
         assert "Unsupported" in res["fullgraph_error"] and "disable" in res["fullgraph_error"], res["fullgraph_error"]
+
+
+@pytest.mark.slow  # 4 processes
+def test_hsdp_step_is_one_program_with_its_collectives(tmp_path: Path) -> None:
+    """HSDP (fully_shard on a 2 x 2 (replicate, shard) mesh) under InGraphFSDP: one program per
+    step spanning the 4 ranks, each parameter all-gathered within its shard group and its
+    gradient reduce-scattered there and all-reduced across the replicas; the losses are the
+    single-process run's and eager FSDP2 HSDP's."""
+    dump = tmp_path / "dump"
+    _check_rc(spawn(SCRIPT, "hsdp", nproc=4, out=tmp_path, timeout=600, TORCHTPU_DUMP_DIR=str(dump), **XLA))
+    for res in _results(tmp_path, "hsdp", nproc=4):
+        assert res["placements"] == ["(Replicate(), Shard(dim=0))"], res["placements"]
+        assert len(res["losses"]) == 4 and res["max_diff"] <= FSDP2_TOL, f"{res['losses']} vs {res['reference']}"
+        assert max(abs(a - b) for a, b in zip(res["losses"], res["eager_fsdp2"])) <= FSDP2_TOL, res
+        counts = res["counts"]
+        assert counts[0]["executions"] == 1 and all(c == {"executions": 1, "compiles": 0} for c in counts[1:]), counts
+    texts = [p.read_text() for p in dump.glob("*.stablehlo.mlir")]
+    (step,) = {t for t in texts if AG in t}
+    assert step.count(AG) == N_PARAMS and step.count(A2A) == N_PARAMS
+    assert step.count('"stablehlo.all_reduce"') >= N_PARAMS  # the replicas' gradient means (and the loss's)
+    assert "replica_groups = dense<[[0, 2], [1, 3]]>" in step and "replica_groups = dense<[[0, 1], [2, 3]]>" in step
 
 
 @pytest.mark.slow

@@ -8,6 +8,8 @@ step   the example's whole step in one graph (InGraphFSDP: all-gathers and reduc
 bf16   the same compiled step with a bf16 MixedPrecisionPolicy (fp32 reduction)
 uneven the compiled step of an MLP whose dims do not divide by the ranks (FSDP2 pads the
        shards; each rank's program pads and cuts its own)
+hsdp   the compiled step with HSDP on a (2, WORLD // 2) mesh (4 ranks: 2 replicas of 2 shards),
+       against the same training in one process and eager FSDP2 HSDP
 model  the stock recipe, torch.compile(model): FSDP2's hooks run eagerly between the
        blocks' programs; also what fullgraph=True says about them
 
@@ -42,8 +44,9 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 mse_loss = torch.nn.functional.mse_loss
 
 
-def sharded_model(mp: MixedPrecisionPolicy | None = None) -> torch.nn.Module:
-    mesh = init_device_mesh("tpu", (WORLD,))
+def sharded_model(mp: MixedPrecisionPolicy | None = None, mesh_shape: tuple[int, ...] = (WORLD,)) -> torch.nn.Module:
+    names = ("replicate", "shard") if len(mesh_shape) == 2 else None
+    mesh = init_device_mesh("tpu", mesh_shape, mesh_dim_names=names)
     model = make_model().to("tpu")
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp or MixedPrecisionPolicy())
@@ -107,6 +110,15 @@ def uneven() -> dict:
     return {**compared(*run([compiled_step(sharded, mse_loss)] * STEPS, data), ref), "shards": shards}
 
 
+def hsdp() -> dict:
+    mesh_shape = (2, WORLD // 2)
+    compiled = run([compiled_step(sharded_model(mesh_shape=mesh_shape))] * STEPS)
+    eager = run([eager_step(sharded_model(mesh_shape=mesh_shape))] * STEPS)[0]
+    model = sharded_model(mesh_shape=mesh_shape)
+    placements = sorted({str(tuple(p.placements)) for p in model.parameters()})
+    return {**compared(*compiled), "eager_fsdp2": eager, "placements": placements}
+
+
 def model() -> dict:
     result = compared(*run([eager_step(sharded_model(), compile_model=True)] * STEPS))
     # Dynamo marked the frames it gave up on above as skipped: a fullgraph compile would
@@ -126,7 +138,7 @@ if __name__ == "__main__":
     results = {}
     for name in sys.argv[1].split(","):
         try:
-            results[name] = {"step": step, "bf16": bf16, "uneven": uneven, "model": model}[name]()
+            results[name] = {"step": step, "bf16": bf16, "uneven": uneven, "hsdp": hsdp, "model": model}[name]()
         except Exception:  # noqa: BLE001 - reported to the test
             results[name] = {"error": traceback.format_exc()[-4000:]}
     report(results)

@@ -145,7 +145,9 @@ class InGraphFSDP:
     gradient reduce-scattered (``avg``, FSDP2's default) in its ``reduce_dtype``, into the
     sharded parameter's own dtype, as FSDP2's hooks would. Not applied: the policy's
     ``cast_forward_inputs`` and ``output_dtype`` (cast the inputs yourself), and FSDP2's
-    prefetching and resharding settings (XLA schedules the program and its memory)."""
+    prefetching and resharding settings (XLA schedules the program and its memory).
+    HSDP (``fully_shard(mesh=init_device_mesh(..., (replicas, shards)))``) works the same
+    way; FSDP combined with tensor parallelism does not yet."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -165,8 +167,12 @@ class InGraphFSDP:
 
         full = {}
         for name, p, forward_dtype, backward_dtype in self._plan:
-            gathered = p.redistribute(placements=[Replicate()], forward_dtype=forward_dtype, backward_dtype=backward_dtype)
-            full[name] = gathered.to_local(grad_placements=[Partial("avg")])
+            # HSDP (a 2-D mesh, replicated x sharded): gathered over the shard dimension; the
+            # gradient, partial on both, is reduce-scattered there and all-reduced across the
+            # replicas: the mean over every rank, as FSDP2's HSDP reduction
+            ndim = p.device_mesh.ndim
+            gathered = p.redistribute(placements=[Replicate()] * ndim, forward_dtype=forward_dtype, backward_dtype=backward_dtype)
+            full[name] = gathered.to_local(grad_placements=[Partial("avg")] * ndim)
         return full
 
     @contextlib.contextmanager
@@ -212,14 +218,19 @@ def _mp_dtypes(mp: Any) -> tuple[torch.dtype | None, torch.dtype | None]:
 
 
 def _check_sharded(name: str, p: torch.Tensor) -> None:
-    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
     if not isinstance(p, DTensor):
         raise ValueError(f"torchtpu: parameter {name!r} is not sharded (a DTensor): apply fully_shard to the whole model")
-    if p.device_mesh.ndim != 1 or not isinstance(p.placements[0], Shard):
-        # HSDP and FSDP+TP meshes need other placements and gradient reductions: not done yet
+    placements = tuple(p.placements)
+    fsdp = len(placements) == 1 and isinstance(placements[0], Shard)
+    hsdp = len(placements) == 2 and isinstance(placements[0], Replicate) and isinstance(placements[1], Shard)
+    if not (fsdp or hsdp):
+        # FSDP + tensor parallelism shards a parameter on both mesh dimensions: its
+        # all-gather must keep the tensor-parallel shard, which this class does not do yet
         raise NotImplementedError(
-            f"torchtpu: InGraphFSDP supports FSDP on a 1-D mesh; {name!r} is {p.placements} on {p.device_mesh}"
+            f"torchtpu: InGraphFSDP supports FSDP on a 1-D mesh and HSDP on a 2-D (replicate, shard) mesh; "
+            f"{name!r} is {p.placements} on {p.device_mesh}"
         )
 
 
