@@ -1,7 +1,7 @@
 """DDP training step of the MLP workload on 2 processes against the 1-process full-batch step,
 measured in the same run.
 
-    python benchmarks/bench_ddp.py [--steps 20] [--transports host,xla]
+    python benchmarks/bench_ddp.py [--steps 20] [--transports host,xla] [--defer]
     python benchmarks/bench_ddp.py --profile [--transports host]     # the overlap timeline
 
 The workload is bench_compile.py's MLP (1024-1024-1024-10, batch 64, cross-entropy, SGD);
@@ -13,6 +13,11 @@ warm-up steps, each step ending with ``torch.tpu.synchronize()``:
   all_reduce (the communication of a bucket overlaps the rest of the backward);
 - ``DDP <transport>, no overlap``: the same with a comm hook that all-reduces each bucket
   synchronously (what DDP did when every collective completed before returning).
+
+``--defer`` adds the same under DeferAndFuse (``TORCHTPU_DEFER_AND_FUSE=1``), against a
+1-process DeferAndFuse step: DDP on the xla transport, whose bucket all_reduces are recorded
+into the backward's graphs, with the cross-rank check (a graph per bucket) and without it
+(``TORCHTPU_DIST_CHECK=0``: the backward and its all_reduces in one program).
 
 ``--profile`` runs one DDP forward and backward under ``torch.profiler`` (all threads,
 ``torchtpu.profiler.device_timing``) on each rank and prints rank 0's timeline: the
@@ -29,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 B, D, H, C, LR = 64, 1024, 1024, 10, 0.01
 
@@ -139,18 +144,37 @@ def _result(outs: list[str]) -> float:
     raise SystemExit("no result line")
 
 
-def table(steps: int, transports: list[str]) -> None:
-    rows = [("1 process, batch 64", _result(_launch(1, ["--worker", "single", "--steps", str(steps)], {})))]
+class Row(NamedTuple):
+    name: str
+    ms: float
+    reference: str  # the name of the row it is compared with
+
+
+def _ddp_row(steps: int, transport: str, overlap: bool, env: dict[str, str]) -> float:
+    args = ["--worker", "ddp", "--steps", str(steps), "--transports", transport] + ([] if overlap else ["--no-overlap"])
+    return _result(_launch(2, args, env))
+
+
+def table(steps: int, transports: list[str], defer: bool) -> None:
+    single_args = ["--worker", "single", "--steps", str(steps)]
+    eager_ref = "1 process, batch 64"
+    rows = [Row(eager_ref, _result(_launch(1, single_args, {})), eager_ref)]
     for tr in transports:
         for overlap in (True, False):
-            args = ["--worker", "ddp", "--steps", str(steps), "--transports", tr] + ([] if overlap else ["--no-overlap"])
-            name = f"DDP {tr}" + ("" if overlap else ", no overlap")
-            rows.append((f"{name}, 2 x batch 32", _result(_launch(2, args, {}))))
-    ref = rows[0][1]
+            name = f"DDP {tr}" + ("" if overlap else ", no overlap") + ", 2 x batch 32"
+            rows.append(Row(name, _ddp_row(steps, tr, overlap, {}), eager_ref))
+    if defer:
+        on = {"TORCHTPU_DEFER_AND_FUSE": "1"}
+        defer_ref = "DeferAndFuse: 1 process, batch 64"
+        rows.append(Row(defer_ref, _result(_launch(1, single_args, on)), defer_ref))
+        rows.append(Row("DeferAndFuse: DDP xla, 2 x batch 32", _ddp_row(steps, "xla", True, on), defer_ref))
+        no_check = dict(on, TORCHTPU_DIST_CHECK="0")
+        rows.append(Row("DeferAndFuse: DDP xla, no check", _ddp_row(steps, "xla", True, no_check), defer_ref))
+    ms_of = {r.name: r.ms for r in rows}
     print(f"MLP {D}-{H}-{H}-{C} SGD step, median of {steps} (a shared machine: compare ratios)")
     print(f"{'configuration':<38} | {'step ms':>8} | {'x 1 process':>11}")
-    for name, ms in rows:
-        print(f"{name:<38} | {ms:8.2f} | {ms / ref:11.2f}")
+    for r in rows:
+        print(f"{r.name:<38} | {r.ms:8.2f} | {r.ms / ms_of[r.reference]:11.2f}")
 
 
 # -- the overlap timeline ------------------------------------------------------------------------
@@ -212,6 +236,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--transports", default="host,xla", help="comma-separated: host, xla")
     p.add_argument("--profile", action="store_true", help="print rank 0's overlap timeline of one step")
+    p.add_argument("--defer", action="store_true", help="add DeferAndFuse rows (DDP on the xla transport)")
     p.add_argument("--worker", choices=["single", "ddp", "profile"], help=argparse.SUPPRESS)
     p.add_argument("--no-overlap", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -227,7 +252,7 @@ def main() -> None:
             print(f"== {tr} transport")
             print("".join(_launch(2, ["--worker", "profile", "--transports", tr], {})), end="")
         return
-    table(args.steps, transports)
+    table(args.steps, transports, args.defer)
 
 
 if __name__ == "__main__":
