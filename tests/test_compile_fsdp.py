@@ -101,6 +101,21 @@ def test_hsdp_step_is_one_program_with_its_collectives(tmp_path: Path) -> None:
     assert "replica_groups = dense<[[0, 2], [1, 3]]>" in step and "replica_groups = dense<[[0, 1], [2, 3]]>" in step
 
 
+@pytest.mark.slow  # 4 processes
+def test_fsdp_over_tensor_parallel_step_is_one_program(tmp_path: Path) -> None:
+    """FSDP on dimension 0 of a (dp, tp) mesh over tensor parallelism on dimension 1 under
+    InGraphFSDP: one program per step spanning the 4 ranks, with the losses of one process
+    and of eager FSDP2 + TP on the same model."""
+    _check_rc(spawn(SCRIPT, "fsdp_tp", nproc=4, out=tmp_path, timeout=600, **XLA))
+    for res in _results(tmp_path, "fsdp_tp", nproc=4):
+        assert "(_StridedShard(dim=0, sf=2), Shard(dim=0))" in res["placements"], res["placements"]
+        assert "(Shard(dim=0), Shard(dim=1))" in res["placements"], res["placements"]
+        assert len(res["losses"]) == 4 and res["max_diff"] <= FSDP2_TOL, f"{res['losses']} vs {res['reference']}"
+        assert max(abs(a - b) for a, b in zip(res["losses"], res["eager_fsdp2"])) <= FSDP2_TOL, res
+        counts = res["counts"]
+        assert counts[0]["executions"] == 1 and all(c == {"executions": 1, "compiles": 0} for c in counts[1:]), counts
+
+
 @pytest.mark.slow
 def test_fsdp2_example_compiled_step_matches_single_process(tmp_path: Path) -> None:
     """examples/distributed/fsdp2.py --compile step: one program per step, the 10 losses of one process."""

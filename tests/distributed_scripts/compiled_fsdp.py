@@ -10,6 +10,9 @@ uneven the compiled step of an MLP whose dims do not divide by the ranks (FSDP2 
        shards; each rank's program pads and cuts its own)
 hsdp   the compiled step with HSDP on a (2, WORLD // 2) mesh (4 ranks: 2 replicas of 2 shards),
        against the same training in one process and eager FSDP2 HSDP
+fsdp_tp the compiled step with FSDP on dimension 0 of a (dp, tp) = (2, WORLD // 2) mesh over
+       tensor parallelism on dimension 1 (tensor_parallel.py's plan), against one process
+       and the same model's eager FSDP2 + TP steps
 model  the stock recipe, torch.compile(model): FSDP2's hooks run eagerly between the
        blocks' programs; also what fullgraph=True says about them
 
@@ -28,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import torchtpu
 
@@ -53,12 +57,16 @@ def sharded_model(mp: MixedPrecisionPolicy | None = None, mesh_shape: tuple[int,
     return fully_shard(model, mesh=mesh, mp_policy=mp or MixedPrecisionPolicy())
 
 
-def run(steps: list[Step], data: list[Batch] | None = None) -> tuple[list[float], list[dict[str, int]]]:
-    """One step function per batch: each rank's loss averaged over the ranks, and the
-    programs each step compiled and ran (the step alone, not the loss's all_reduce)."""
+def run(
+    steps: list[Step], data: list[Batch] | None = None, shard: tuple[int, int] = (WORLD, RANK)
+) -> tuple[list[float], list[dict[str, int]]]:
+    """One step function per batch (``shard``: the batch is cut in that many parts, this rank
+    takes that one): each rank's loss averaged over the ranks, and the programs each step
+    compiled and ran (the step alone, not the loss's all_reduce)."""
     losses, counts = [], []
+    parts, index = shard
     for step, (x, y) in zip(steps, data or batches(len(steps))):
-        xs, ys = x.chunk(WORLD)[RANK].to("tpu"), y.chunk(WORLD)[RANK].to("tpu")
+        xs, ys = x.chunk(parts)[index].to("tpu"), y.chunk(parts)[index].to("tpu")
         before = torchtpu.metrics.snapshot()
         loss = step(xs, ys)
         after = torchtpu.metrics.snapshot()
@@ -119,6 +127,29 @@ def hsdp() -> dict:
     return {**compared(*compiled), "eager_fsdp2": eager, "placements": placements}
 
 
+def tp_sharded_model() -> tuple[torch.nn.Module, int]:
+    """tensor_parallel.py's plan on mesh["tp"], then fully_shard on mesh["dp"]; and this
+    rank's data-parallel index (the tp ranks of one dp index share a batch)."""
+    mesh = init_device_mesh("tpu", (2, WORLD // 2), mesh_dim_names=("dp", "tp"))
+    model = make_model().to("tpu")
+    col, row = ColwiseParallel, RowwiseParallel
+    plan = {"attn.q": col(), "attn.k": col(), "attn.v": col(), "attn.o": row(), "fc1": col(), "fc2": row()}
+    for block in model.blocks:
+        parallelize_module(block, mesh["tp"], plan)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh["dp"])
+    return fully_shard(model, mesh=mesh["dp"]), mesh["dp"].get_local_rank()
+
+
+def fsdp_tp() -> dict:
+    model, dp = tp_sharded_model()
+    compiled = run([compiled_step(model)] * STEPS, shard=(2, dp))
+    model, dp = tp_sharded_model()
+    eager = run([eager_step(model)] * STEPS, shard=(2, dp))[0]
+    placements = sorted({str(tuple(p.placements)) for p in model.parameters()})
+    return {**compared(*compiled), "eager_fsdp2": eager, "placements": placements}
+
+
 def model() -> dict:
     result = compared(*run([eager_step(sharded_model(), compile_model=True)] * STEPS))
     # Dynamo marked the frames it gave up on above as skipped: a fullgraph compile would
@@ -138,7 +169,9 @@ if __name__ == "__main__":
     results = {}
     for name in sys.argv[1].split(","):
         try:
-            results[name] = {"step": step, "bf16": bf16, "uneven": uneven, "hsdp": hsdp, "model": model}[name]()
+            results[name] = {"step": step, "bf16": bf16, "uneven": uneven, "hsdp": hsdp, "fsdp_tp": fsdp_tp, "model": model}[
+                name
+            ]()
         except Exception:  # noqa: BLE001 - reported to the test
             results[name] = {"error": traceback.format_exc()[-4000:]}
     report(results)

@@ -27,7 +27,7 @@ import contextlib
 import itertools
 import json
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -146,33 +146,45 @@ class InGraphFSDP:
     sharded parameter's own dtype, as FSDP2's hooks would. Not applied: the policy's
     ``cast_forward_inputs`` and ``output_dtype`` (cast the inputs yourself), and FSDP2's
     prefetching and resharding settings (XLA schedules the program and its memory).
-    HSDP (``fully_shard(mesh=init_device_mesh(..., (replicas, shards)))``) works the same
-    way; FSDP combined with tensor parallelism does not yet."""
+    HSDP (``fully_shard(mesh=init_device_mesh(..., (replicas, shards)))``) and FSDP over
+    tensor parallelism (``parallelize_module`` on ``mesh["tp"]``, then ``fully_shard`` on
+    ``mesh["dp"]``) work the same way."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self._states = _fsdp_states(model)
         dtypes = {id(fp.sharded_param): _mp_dtypes(state._mp_policy) for state in self._states for fp in _params_of(state)}
-        self._plan: list[tuple[str, Any, torch.dtype | None, torch.dtype | None]] = []
-        for name, p in model.named_parameters():
-            _check_sharded(name, p)
-            self._plan.append((name, p, *dtypes.get(id(p), (None, None))))
+        self._plan = [
+            _Unshard(name, p, *dtypes.get(id(p), (None, None)), *_tp_part(name, p)) for name, p in model.named_parameters()
+        ]
 
     @torch._dynamo.dont_skip_tracing  # torchtpu's files are skipped by Dynamo; this is traced into the graph
     def unsharded_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter all-gathered, as plain tensors for ``torch.func.functional_call``;
         call it inside the compiled function. Forward: one ``all_gather_into_tensor`` per
         parameter; backward: its gradient's ``reduce_scatter_tensor``."""
-        from torch.distributed.tensor import Partial, Replicate
+        from torch.distributed.tensor import DTensor, Partial, Replicate
 
         full = {}
-        for name, p, forward_dtype, backward_dtype in self._plan:
-            # HSDP (a 2-D mesh, replicated x sharded): gathered over the shard dimension; the
-            # gradient, partial on both, is reduce-scattered there and all-reduced across the
-            # replicas: the mean over every rank, as FSDP2's HSDP reduction
-            ndim = p.device_mesh.ndim
-            gathered = p.redistribute(placements=[Replicate()] * ndim, forward_dtype=forward_dtype, backward_dtype=backward_dtype)
-            full[name] = gathered.to_local(grad_placements=[Partial("avg")] * ndim)
+        for u in self._plan:
+            if u.tp_mesh is not None:
+                # FSDP + tensor parallelism: gathered over the data-parallel dimension only, a
+                # tensor-parallel DTensor as the module expects; its gradient is reduce-scattered
+                # over the data-parallel ranks (autograd through to_local and from_local)
+                gathered = u.param.redistribute(
+                    placements=[Replicate(), u.tp_placement], forward_dtype=u.forward_dtype, backward_dtype=u.backward_dtype
+                )
+                local = gathered.to_local(grad_placements=[Partial("avg"), u.tp_placement])
+                full[u.name] = DTensor.from_local(local, u.tp_mesh, [u.tp_placement], run_check=False)
+                continue
+            # FSDP on a 1-D mesh, HSDP on a (replicate, shard) one: gathered on every mesh
+            # dimension; the gradient, partial on each, is reduce-scattered over the shards
+            # and (HSDP) all-reduced across the replicas: the mean over every rank, as FSDP2's
+            ndim = u.param.device_mesh.ndim
+            gathered = u.param.redistribute(
+                placements=[Replicate()] * ndim, forward_dtype=u.forward_dtype, backward_dtype=u.backward_dtype
+            )
+            full[u.name] = gathered.to_local(grad_placements=[Partial("avg")] * ndim)
         return full
 
     @contextlib.contextmanager
@@ -217,21 +229,38 @@ def _mp_dtypes(mp: Any) -> tuple[torch.dtype | None, torch.dtype | None]:
     return mp.param_dtype, mp.reduce_dtype or mp.param_dtype
 
 
-def _check_sharded(name: str, p: torch.Tensor) -> None:
+class _Unshard(NamedTuple):
+    """How ``unsharded_parameters`` gathers one parameter."""
+
+    name: str
+    param: Any  # the sharded DTensor parameter
+    forward_dtype: torch.dtype | None  # MixedPrecisionPolicy's param_dtype
+    backward_dtype: torch.dtype | None  # and its reduce dtype
+    tp_mesh: Any  # FSDP + tensor parallelism: the tensor-parallel mesh dimension, else None
+    tp_placement: Any  # and the parameter's placement on it
+
+
+def _tp_part(name: str, p: torch.Tensor) -> tuple[Any, Any]:
+    """(tensor-parallel mesh, placement) of a parameter sharded by FSDP on dimension 0 of a
+    2-D (dp, tp) mesh and by tensor parallelism on dimension 1; (None, None) for FSDP on a
+    1-D mesh and HSDP on a (replicate, shard) mesh; raises for anything else."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
 
     if not isinstance(p, DTensor):
         raise ValueError(f"torchtpu: parameter {name!r} is not sharded (a DTensor): apply fully_shard to the whole model")
-    placements = tuple(p.placements)
-    fsdp = len(placements) == 1 and isinstance(placements[0], Shard)
-    hsdp = len(placements) == 2 and isinstance(placements[0], Replicate) and isinstance(placements[1], Shard)
-    if not (fsdp or hsdp):
-        # FSDP + tensor parallelism shards a parameter on both mesh dimensions: its
-        # all-gather must keep the tensor-parallel shard, which this class does not do yet
-        raise NotImplementedError(
-            f"torchtpu: InGraphFSDP supports FSDP on a 1-D mesh and HSDP on a 2-D (replicate, shard) mesh; "
-            f"{name!r} is {p.placements} on {p.device_mesh}"
-        )
+    placements, mesh = tuple(p.placements), p.device_mesh
+    if len(placements) == 1 and isinstance(placements[0], Shard):
+        return None, None
+    if len(placements) == 2 and isinstance(placements[0], Replicate) and isinstance(placements[1], Shard):
+        return None, None  # HSDP
+    names = mesh.mesh_dim_names
+    if len(placements) == 2 and isinstance(placements[0], (Shard, _StridedShard)) and names is not None:
+        return mesh[names[1]], placements[1]  # _StridedShard: FSDP's shard of a row-split TP shard
+    raise NotImplementedError(
+        f"torchtpu: InGraphFSDP supports FSDP on a 1-D mesh, HSDP on a (replicate, shard) mesh and FSDP on dimension 0 "
+        f"of a named (dp, tp) mesh with tensor parallelism on dimension 1; {name!r} is {p.placements} on {mesh}"
+    )
 
 
 def _is_fsdp_hook(hook: Any, states: list[Any]) -> bool:
