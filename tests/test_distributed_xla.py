@@ -180,6 +180,18 @@ def test_killed_rank_gives_survivor_an_exception(tmp_path: Path, victim: int) ->
 
 
 @pytest.mark.slow
+def test_killed_rank_under_defer_and_fuse(tmp_path: Path) -> None:
+    """Recorded all_reduces fail where their graph runs (the survivor's read), with an error
+    that names the graph's collectives; the survivor exits normally."""
+    env = dict(XLA, TORCHTPU_DIST_CHECK="0", TORCHTPU_DEFER_AND_FUSE="1")
+    results = spawn(SCRIPTS / "xla_failures.py", "kill1", out=tmp_path, timeout=180, **env)
+    assert results[0][0] == 0, f"survivor exit code {results[0][0]}:\n{results[0][1][-3000:]}"
+    err = _read(tmp_path, "rank0.json")["error"]
+    assert err is not None and err.startswith("CollectiveError") and "fused graph of" in err, err
+    assert "with all_reduce failed in a collective (a peer process died" in err, err
+
+
+@pytest.mark.slow
 def test_dead_peer_with_the_check_on(tmp_path: Path) -> None:
     results = spawn(SCRIPTS / "failures.py", "dead", out=tmp_path, TORCHTPU_TEST_TIMEOUT="20", **XLA)
     assert results[0][0] == 0, results[0][1][-3000:]

@@ -6,8 +6,8 @@ kill0     rank 0 (whose helper hosts the coordination service) is SIGKILLed afte
 kill1     rank 1 is SIGKILLed after a barrier
 hang      rank 1 stays alive but never calls the collective (the XLA collective timeout)
 
-The survivor all_reduces (with TORCHTPU_DIST_CHECK=0 the failure comes from the XLA
-program itself), reports {"error": type and message, "seconds": time to fail}, then exits
+The survivor all_reduces and reads the result (with TORCHTPU_DIST_CHECK=0 the failure
+comes from the XLA program itself; under DeferAndFuse from the graph the read runs), reports {"error": type and message, "seconds": time to fail}, then exits
 *normally* (atexit runs, the distributed client disconnects): the test checks its exit code
 is 0, i.e. nothing aborted the process.
 """
@@ -43,7 +43,13 @@ def main(scenario: str) -> None:
         report({"error": "skipped", "seconds": 0})
         os._exit(0)
     time.sleep(0.5)
-    attempt(lambda: [dist.all_reduce(t) for _ in range(3)])
+
+    def reduce_and_read() -> None:
+        for _ in range(3):
+            dist.all_reduce(t)
+        t.sum().item()  # under DeferAndFuse the all_reduces run here
+
+    attempt(reduce_and_read)
     # a normal exit: atexit disconnects from the coordination service
 
 

@@ -439,7 +439,10 @@ def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
             blame_nodes.extend([n] * (len(pb.ctx.checks) - before))
     results = [(idx, values[idx], g.kinds[idx][3]) for idx in live]
     donate = [g.input_slots[i] for i in donated]
-    what = f"fused graph of {len(g.nodes)} ops" + (" with collectives" if g.group is not None else "")
+    what = f"fused graph of {len(g.nodes)} ops"
+    collectives = dict.fromkeys(n.collective.key[0] for n in g.nodes if n.collective is not None)
+    if collectives:  # named in the error of a failed collective (a dead peer)
+        what += f" with {', '.join(collectives)}"
     return _Compiled(pb.finish([], results, what, donate), blame_nodes)
 
 
