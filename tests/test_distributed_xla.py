@@ -141,15 +141,15 @@ def test_xla_collectives_defer_and_fuse(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("check", ["1", pytest.param("0", marks=pytest.mark.slow)])
 def test_defer_and_fuse_records_collectives(tmp_path: Path, check: str) -> None:
-    """DeferAndFuse records all_reduce, all_gather_into_tensor and reduce_scatter_tensor into
-    the pending graph: values equal the CPU's (DDP training included), one program for
+    """DeferAndFuse records all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast
+    and even all_to_all_single into the pending graph: values equal the CPU's (DDP training included), one program for
     compute + all_reduce + compute without the cross-rank check, ranks whose graphs end at
     different ops, a result one rank drops, bucketed tensors exchanged without spare rows."""
     env = dict(XLA, TORCHTPU_DEFER_AND_FUSE="1", TORCHTPU_DIST_CHECK=check)
     _check_rc(spawn(SCRIPTS / "defer_collectives.py", out=tmp_path, timeout=300, **env))
     for r in range(2):
         res = _read(tmp_path, f"rank{r}.json")
-        assert len(res) == 8 and all(v == "ok" for v in res.values()), res
+        assert len(res) == 9 and all(v == "ok" for v in res.values()), res
 
 
 @pytest.mark.slow

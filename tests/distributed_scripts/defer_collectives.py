@@ -161,6 +161,23 @@ def gather_and_scatter() -> None:
     assert n["flushes_collective"] == (2 if CHECKED else 0), n  # the check runs the graph before each
 
 
+def broadcast_and_all_to_all() -> None:
+    """broadcast and an even all_to_all_single, recorded like the others."""
+    x = dev(data(RANK, 2 * WORLD))
+
+    def step() -> None:
+        b = x * 3
+        dist.broadcast(b, src=WORLD - 1)
+        out = torch.empty(2 * WORLD, device="tpu")
+        dist.all_to_all_single(out, x + 1)
+        assert close(b, data(WORLD - 1, 2 * WORLD) * 3), b.cpu()
+        want = torch.cat([(data(r, 2 * WORLD) + 1)[2 * RANK : 2 * RANK + 2] for r in range(WORLD)])
+        assert close(out, want), (out.cpu(), want)
+
+    n = counted(step)
+    assert n["flushes_collective"] == (2 if CHECKED else 0), n
+
+
 def bucketed_inputs() -> None:
     """Tensors in bucketed storages (eager/buckets.py: here results of ops on ids uploaded
     at varying lengths) are exchanged without their spare rows, eager and deferred."""
@@ -213,6 +230,7 @@ def main() -> None:
         ("async_work", async_work),
         ("ops_and_dtypes", ops_and_dtypes),
         ("gather_and_scatter", gather_and_scatter),
+        ("broadcast_and_all_to_all", broadcast_and_all_to_all),
         ("bucketed_inputs", bucketed_inputs),
         ("ddp_training", ddp_training),
     ]:

@@ -27,6 +27,8 @@ __all__ = [
     "all_reduce_values",
     "all_gather_value",
     "reduce_scatter_value",
+    "broadcast_value",
+    "all_to_all_value",
     "all_gather",
     "reduce_scatter",
     "all_to_all",
@@ -63,6 +65,17 @@ def all_gather_value(b: Builder, x: Value, w: int) -> Value:
 def reduce_scatter_value(b: Builder, x: Value, op: str, w: int) -> Value:
     """``reduce_scatter_tensor`` inside a larger program: this rank's chunk of the reduction (flat)."""
     return C.reduce_scatter(b, C.flat(b, x), op, _groups(w))
+
+
+def broadcast_value(b: Builder, x: Value, root: int, w: int) -> Value:
+    """``broadcast`` inside a larger program: the root's value, bit for bit, on every rank."""
+    return C.broadcast(b, x, root, _groups(w))
+
+
+def all_to_all_value(b: Builder, x: Value, w: int) -> Value:
+    """An even ``all_to_all_single`` inside a larger program: chunk p of the flat value goes
+    to rank p; chunk p of the result came from it."""
+    return C.flat(b, C.all_to_all(b, b.reshape(x, (w, prod(x.shape) // w)), _groups(w)))
 
 
 def all_gather(shape: Shape, dtype: torch.dtype, w: int, out_shapes: Sequence[Shape]) -> str:

@@ -14,9 +14,10 @@ collective: the process group's cross-rank check, CPU tensors given to the group
 ``allreduce_start`` (every ``all_reduce``, DDP's buckets) enqueues the program and returns:
 the device runs collectives in launch order, and the work waits on the result buffers.
 
-Under DeferAndFuse an ``all_reduce`` is recorded into the thread's pending graph instead
-(``deferred.record_collective``): it runs in one program with the compute around it, and
-its work is complete at once, as later reads of the tensors follow it in that program.
+Under DeferAndFuse ``all_reduce``, ``all_gather_into_tensor``, ``reduce_scatter_tensor``,
+``broadcast`` and an even ``all_to_all_single`` are recorded into the thread's pending graph
+instead (``deferred.record_collective``): each runs in one program with the compute around
+it, and its work is complete at once, as later reads of the tensors follow it in that program.
 Every other collective runs the graph first. So does every host exchange (the cross-rank
 check, CPU tensors, split sizes): a rank blocked on the host while its graph still holds
 a collective could hold back a peer that waits on the device for that collective.
@@ -280,8 +281,10 @@ class XlaTransport:
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> None:
         if self._on_host(tensors):
             return self.host.broadcast(tensors, opts)
+        root, size = opts.rootRank, self.size
+        if self._record(("broadcast", root), tensors, tensors, lambda b, xs: [P.broadcast_value(b, x, root, size) for x in xs]):
+            return
         _flush()
-        root = opts.rootRank
         for t in tensors:
             buf, shape = _arg(t)
             (out,) = self._run(
@@ -351,6 +354,11 @@ class XlaTransport:
         if self._on_host([output, input]):
             return self.host.alltoall_base(output, input, out_splits, in_splits, opts)
         if not in_splits and not out_splits:  # even by definition on every rank: no size exchange
+            size = self.size
+            if input.numel() % size == 0 and self._record(
+                ("all_to_all",), [input], [output], lambda b, xs: [P.all_to_all_value(b, xs[0], size)]
+            ):
+                return None
             n = input.numel() // self.size
             return self._exchange([output], [input], [n] * self.size, [n] * self.size, "all_to_all_single", even=True)
         row = math.prod(input.shape[1:])
