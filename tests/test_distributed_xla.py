@@ -145,10 +145,19 @@ def test_defer_and_fuse_records_collectives(tmp_path: Path, check: str) -> None:
     and even all_to_all_single into the pending graph: values equal the CPU's (DDP training included), one program for
     compute + all_reduce + compute without the cross-rank check, ranks whose graphs end at
     different ops, a result one rank drops, bucketed tensors exchanged without spare rows."""
+    _check_defer_collectives(tmp_path, 2, check)
+
+
+@pytest.mark.slow
+def test_defer_and_fuse_records_collectives_4_processes(tmp_path: Path) -> None:
+    _check_defer_collectives(tmp_path, 4, "0")
+
+
+def _check_defer_collectives(out: Path, nproc: int, check: str) -> None:
     env = dict(XLA, TORCHTPU_DEFER_AND_FUSE="1", TORCHTPU_DIST_CHECK=check)
-    _check_rc(spawn(SCRIPTS / "defer_collectives.py", out=tmp_path, timeout=300, **env))
-    for r in range(2):
-        res = _read(tmp_path, f"rank{r}.json")
+    _check_rc(spawn(SCRIPTS / "defer_collectives.py", nproc=nproc, out=out, timeout=300 * nproc // 2, **env))
+    for r in range(nproc):
+        res = _read(out, f"rank{r}.json")
         assert len(res) == 9 and all(v == "ok" for v in res.values()), res
 
 
