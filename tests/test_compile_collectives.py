@@ -69,6 +69,23 @@ def test_broadcast_root_is_a_group_rank_of_each_block() -> None:
     assert "dense<2> : tensor<ui32>" in text and "dense<3> : tensor<ui32>" in text
 
 
+def test_dtensor_shard_dim_alltoall_is_one_all_to_all_kept_alive() -> None:
+    """DTensor's Shard(0) -> Shard(1): one all_to_all of the (2, 6) input's column chunks,
+    received rows stacked along dim 0 into (4, 3); the exchanged value is also kept as a
+    program output (a rank whose padded chunk DTensor slices to nothing must still run it)."""
+    registry._load_rules()
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops._dtensor.shard_dim_alltoall.default(x, 0, 1, "0"))
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            node.meta["val"] = torch.empty(4, 3, device="meta")
+    ctx = ProgramContext()
+    ctx.replica_layout = C.ReplicaLayout((0, 1), {"0": ((0, 1),)})
+    out = lower_graph(ctx, gm, [ctx.b.param((2, 6), torch.float32)])
+    text = ctx.b.module([out, *ctx.keep])
+    assert out.shape == (4, 3) and len(ctx.keep) == 1 and ctx.keep[0].shape == (2, 6)
+    assert text.count('"stablehlo.all_to_all"') == 1 and "replica_groups = dense<[[0, 1]]>" in text
+
+
 def test_collective_signature_names_op_reduction_groups_and_types() -> None:
     """What the ranks compare before running a program with collectives (a rank's own
     constants are not part of it; the collectives' order, ops, reductions and types are)."""
@@ -119,12 +136,13 @@ def _tp_results(out: Path) -> list[dict]:
 def test_collectives_and_tensor_parallel_step_in_one_program(tmp_path: Path) -> None:
     """(1) all_reduce (sum/avg/max/bor), all_gather_into_tensor, reduce_scatter_tensor,
     all_to_all_single, broadcast and the three _coalesced variants in one compiled function: the
-    same values as gloo on CPU tensors, one program per call. (2) A tensor-parallel MLP
+    same values as gloo on CPU tensors, one program per call; DTensor Shard(a) -> Shard(b)
+    redistributions (_dtensor.shard_dim_alltoall, uneven dims included) with their backward. (2) A tensor-parallel MLP
     (DTensor + parallelize_module, Colwise/RowwiseParallel): forward, backward, the SGD
     update and their all_reduces are ONE program per step, nothing compiles after step 1,
     and the losses are the single-process run's. One launch: start-up is most of the time."""
     _check_rc(spawn(SCRIPT, "collectives,tp,mismatch", out=tmp_path, timeout=240, **XLA))
-    _assert_all_ok(tmp_path, 2, 15)
+    _assert_all_ok(tmp_path, 2, 21)
     for res in _tp_results(tmp_path):
         assert all(c == {"executions": 1, "compiles": 0} for c in res["counts"][1:]), res["counts"]
         assert res["counts"][0]["executions"] == 1 and res["warnings"] == [], res
@@ -159,7 +177,7 @@ def test_a_program_only_one_rank_builds_is_an_error_within_the_timeout(tmp_path:
 @pytest.mark.slow
 def test_compiled_collectives_4_processes_and_a_2d_mesh(tmp_path: Path) -> None:
     _check_rc(spawn(SCRIPT, "collectives", nproc=4, out=tmp_path, timeout=400, **XLA))
-    _assert_all_ok(tmp_path, 4, 17)
+    _assert_all_ok(tmp_path, 4, 23)
 
 
 @pytest.mark.slow  # ~35 s on a loaded 2-core machine: start-up of 2 processes, then op by op

@@ -18,6 +18,7 @@ Writes $TORCHTPU_TEST_OUT/rank<r>.json: {scenario: result}, where collectives' r
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -32,6 +33,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import torchtpu
@@ -156,9 +158,35 @@ def check_2d_mesh(results: dict[str, str]) -> None:
     results["mesh_2d_one_program"] = "ok" if counts["executions"] == 1 else str(counts)
 
 
+def check_redistribute(results: dict[str, str]) -> None:
+    """DTensor Shard(a) -> Shard(b) in a compiled function (_dtensor.shard_dim_alltoall),
+    dims that do not divide by the ranks included (DTensor pads them), with its backward
+    (the reverse all_to_all, in the backward graph's program)."""
+    mesh = init_device_mesh("tpu", (WORLD,))
+    for shape, src, dst in (((4, 6), 0, 1), ((5, 3, 4), 2, 0), ((3, 5, 2), 0, 1)):
+        name = f"redistribute_{'x'.join(map(str, shape))}_{src}to{dst}"
+        full = data(*shape, seed=3, rank=0)  # the same global tensor on every rank
+        leaf = full.to("tpu").requires_grad_()
+        d = distribute_tensor(leaf, mesh, [Shard(src)])
+        torch._dynamo.reset()  # a new dst would otherwise make Dynamo treat it as a dynamic int
+
+        @torch.compile(backend="tpu", fullgraph=True)
+        def f(d: torch.Tensor) -> torch.Tensor:
+            return d.redistribute(mesh, [Shard(dst)]).to_local() * 2  # noqa: B023 - compiled and run in this iteration
+
+        out, counts = counted(functools.partial(f, d))
+        chunks = (full * 2).chunk(WORLD, dim=dst)  # DTensor's Shard: torch.chunk's sizes, then empty ones
+        want = chunks[RANK] if RANK < len(chunks) else (full * 2).narrow(dst, 0, 0)
+        (out * out).sum().backward()
+        grad = d.grad.full_tensor().cpu() if d.grad is not None else leaf.grad.cpu()
+        ok = torch.equal(out.detach().cpu(), want) and torch.allclose(grad, 8 * full)
+        results[name] = "ok" if ok else f"got {out} want {want}; grad {grad} want {8 * full}"
+        results[name + "_one_program"] = "ok" if counts["executions"] == 1 else str(counts)
+
+
 def collectives() -> dict[str, str]:
     results: dict[str, str] = {}
-    for name, fn in (("collectives", check_collectives), ("mesh", check_2d_mesh)):
+    for name, fn in (("collectives", check_collectives), ("mesh", check_2d_mesh), ("redistribute", check_redistribute)):
         if name == "mesh" and WORLD != 4:
             continue
         try:

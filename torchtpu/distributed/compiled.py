@@ -36,7 +36,8 @@ from ..errors import TpuError
 from ..lowering.collectives import ReplicaLayout
 from .gloo_host import attempt_prefix
 
-_NAMESPACE = "_c10d_functional"
+# functional collectives, and DTensor's own (shard_dim_alltoall): ops that name a group
+_NAMESPACES = ("_c10d_functional", "_dtensor")
 
 
 def group_names(gm: torch.fx.GraphModule) -> list[str]:
@@ -45,7 +46,9 @@ def group_names(gm: torch.fx.GraphModule) -> list[str]:
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        if node.target.namespace != _NAMESPACE or node.target._schema.name.endswith("wait_tensor"):
+        if node.target.namespace not in _NAMESPACES or node.target._schema.name.endswith("wait_tensor"):
+            continue
+        if "group_name" not in (a.name for a in node.target._schema.arguments):
             continue
         name = _name_arg(node)
         if name not in names:

@@ -72,6 +72,10 @@ class ProgramContext:
         # a program with collectives: the ranks it spans and each process group's replica
         # groups (lowering/collectives.py; set by compile/, which asks torch.distributed)
         self.replica_layout: ReplicaLayout | None = None
+        # values the program must compute even if nothing reads them: a collective whose
+        # result this rank slices to nothing would be deleted by XLA, and its peers would
+        # wait for it forever (the program returns these last; the runner drops them)
+        self.keep: list[Value] = []
 
     def set_platform(self, facts: PlatformFacts) -> None:
         """Take the capabilities rules may ask about from the runtime client ``facts``."""

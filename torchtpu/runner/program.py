@@ -54,7 +54,7 @@ class OutputSpec(NamedTuple):
 class StorageProgram:
     """A compiled storage program and the layout of its results."""
 
-    __slots__ = ("key", "text", "what", "n_results", "updates", "check_messages", "result_types", "group", "_handlers")
+    __slots__ = ("key", "text", "what", "n_results", "updates", "check_messages", "result_types", "group", "n_kept", "_handlers")
 
     def __init__(
         self,
@@ -66,6 +66,7 @@ class StorageProgram:
         check_messages: list,
         result_types: list[tuple[tuple[int, ...], Any]],
         group: tuple[int, ...] | None = None,
+        n_kept: int = 0,
     ):
         self.key = key  # the executable lives in runtime/cache.py (bounded): executable()
         self.text = text
@@ -75,6 +76,7 @@ class StorageProgram:
         self.check_messages = check_messages  # ...then one flag per device-side check
         self.result_types = result_types  # (shape, numpy dtype) of every result
         self.group = group  # global ranks of a program with collectives (replica i on group[i]), or None
+        self.n_kept = n_kept  # ...then the values kept alive (ProgramContext.keep), dropped by execute
         self._handlers: Any = None
 
     def executable(self) -> Any:
@@ -127,6 +129,7 @@ class ProgramBuilder:
         for slot in donate:
             self.b.set_param_attr(self._param_of[slot], f"tf.aliasing_output = {position[slot]} : i32")
         outputs += [flag for flag, _ in self.ctx.checks]
+        outputs += self.ctx.keep
         text = self.b.module(outputs)
         if self.group is None:
             key, _ = cache.compile_keyed(text, what)
@@ -138,7 +141,7 @@ class ProgramBuilder:
         messages = [m for _, m in self.ctx.checks]
         types = [(tuple(v.shape), numpy_dtype(v.dtype)) for v in outputs]
         slots = tuple(slot for slot, _, _ in updates)
-        return StorageProgram(key, text, what, len(results), slots, messages, types, self.group)
+        return StorageProgram(key, text, what, len(results), slots, messages, types, self.group, len(self.ctx.keep))
 
     def has_param(self, slot: int) -> bool:
         return slot in self._param_of
@@ -162,6 +165,8 @@ def execute(program: StorageProgram, inputs: list[Any], blame: str | Sequence[Bl
     else:  # counts its execution itself
         outs = rdist.run_for_group(program.executable(), inputs, blame if isinstance(blame, str) else program.what)
     metrics.add("execute_seconds", perf_counter() - t0)
+    if program.n_kept:
+        outs = outs[: -program.n_kept]
     n = len(program.check_messages)
     if n:
         flags, outs = outs[-n:], outs[:-n]

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ...stablehlo.builder import Value
+from ...stablehlo.builder import Value, prod
 from .. import collectives as C
 from ..registry import register
 
@@ -110,6 +110,33 @@ def all_to_all_single(L: Any, x: Value, output_split_sizes: list[int], input_spl
         )
     a = C.all_to_all(L.b, L.b.reshape(x, (w, C.flat(L.b, x).shape[0] // w)), groups)
     return L.b.reshape(a, x.shape)
+
+
+@register(torch.ops._dtensor.shard_dim_alltoall.default)
+def shard_dim_alltoall(L: Any, x: Value, gather_dim: int, shard_dim: int, group_name: Any) -> Value:
+    """DTensor's ``Shard(gather_dim) -> Shard(shard_dim)`` redistribution: ``x`` is cut into
+    the group's chunks along ``shard_dim``, chunk p goes to group rank p, and the chunks
+    received are concatenated along ``gather_dim`` in rank order. DTensor pads ``x`` so that
+    ``shard_dim`` divides evenly (``Shard._pad_for_new_shard_dim``)."""
+    b, groups = L.b, _groups(L, group_name)
+    w, shape = len(groups[0]), list(x.shape)
+    rank = len(shape)
+    g, s = gather_dim % rank, shard_dim % rank
+    if shape[s] % w:
+        raise NotImplementedError(
+            f"torchtpu: shard_dim_alltoall of a {tuple(shape)} tensor: dim {s} does not divide by the {w} ranks"
+        )
+    chunk = shape[s] // w
+    piece = [*shape[:s], chunk, *shape[s + 1 :]]  # one rank's chunk
+    # (..., w, chunk, ...) with the w axis first: row p is the chunk for rank p
+    split = b.reshape(x, [*shape[:s], w, chunk, *shape[s + 1 :]])
+    rows = b.transpose(split, [s, *(d for d in range(rank + 1) if d != s)])
+    exchanged = C.all_to_all(b, b.reshape(rows, (w, prod(piece))), groups)
+    L.ctx.keep.append(exchanged)  # DTensor slices off its padding: a rank may use none of it
+    received = b.reshape(exchanged, (w, *piece))
+    # row p came from rank p: put the w axis just before gather_dim and merge the two
+    moved = b.transpose(received, [*range(1, g + 1), 0, *range(g + 1, rank + 1)])
+    return b.reshape(moved, [*piece[:g], w * piece[g], *piece[g + 1 :]])
 
 
 @register(_F.broadcast.default, _F.broadcast_.default)
