@@ -201,6 +201,45 @@ def test_a_size_used_as_a_number_runs_at_exact_shapes(fn) -> None:
             assert_close(compiled(x.to(TPU)), fn(x))
 
 
+@pytest.mark.parametrize(
+    ("fn", "dtype", "reason"),
+    [
+        (lambda x, y: (x / y).sum(0), torch.float32, "divides by a tensor of dynamic size"),
+        (lambda x, y: (x**y).sum(0), torch.int64, "raises integers to a power"),
+        (lambda x, y: (x**3).sum(0), torch.int64, "raises integers to a power"),
+    ],
+    ids=["divide-by-dynamic", "int-pow-tensor", "int-pow-scalar"],
+)
+def test_ops_xla_cannot_compile_padded_run_at_exact_shapes(fn, dtype: torch.dtype, reason: str) -> None:
+    """A dynamic divisor (behind lowering's optimization barrier) and integer pow (a while
+    loop) made XLA's compile fail ("not implemented", a RET_CHECK) on a bucketed graph:
+    they run at exact shapes, with the warning, and the CPU's values."""
+    compiled = torch.compile(fn, backend="tpu")
+    with pytest.warns(UserWarning, match=reason):
+        for n in (5, 7):
+            x, y = (torch.randn(n, 4) * 5).to(dtype), (torch.rand(n, 4) * 3 + 1).to(dtype)
+            xt, yt = (torchtpu.mark_dynamic(t.to(TPU), 0, 16) for t in (x, y))
+            assert_close(compiled(xt, yt), fn(x, y))
+
+
+def test_padded_ops_xla_compiles_with_a_dynamic_operand_match_cpu() -> None:
+    """The forms of div and pow that do compile padded stay bucketed: one program for
+    two lengths of one bucket, the CPU's values."""
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x / 2.0 + 2.0 / y + y**2.5 + y**x + x / y.sum(0)).sum(0)
+
+    compiled = torch.compile(fn, backend="tpu")
+    before = torchtpu.metrics.snapshot()["compiles"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to exact shapes
+        for n in (5, 7):
+            x, y = torch.randn(n, 4), torch.rand(n, 4) + 0.5
+            xt, yt = (torchtpu.mark_dynamic(t.to(TPU), 0, 16) for t in (x, y))
+            assert_close(compiled(xt, yt), fn(x, y))
+    assert torchtpu.metrics.snapshot()["compiles"] - before == 1
+
+
 def test_two_dynamic_sizes_in_one_tensor_fall_back_to_exact_shapes() -> None:
     """dynamic=True makes both the batch and the length of a batched linear dynamic; XLA's
     verifier refuses a broadcast with two bounded dims (it raised a RET_CHECK), so the

@@ -21,7 +21,8 @@ Forward and backward graphs share the symbols' bounds (:class:`SymbolBounds`).
 Limits, checked before a graph is bucketed (otherwise it runs at exact shapes, one program
 per length, with a warning): only ops known to be exact under XLA's masking (see
 ``PADDING_SAFE``) — e.g. ``mean`` divides by a size baked into the program, and
-``reduce_window`` over a bounded dim is an XLA bug; no input mutations; every dynamic
+``reduce_window`` over a bounded dim is an XLA bug; nothing XLA cannot compile padded (a
+division by a dynamic tensor, integer pow); no input mutations; every dynamic
 dimension is one plain symbol, and no other reshape folds it into another dimension; no
 tensor has two different dynamic sizes; no size enters the arithmetic as a number.
 Padding a dynamic input goes through the host (one transfer each way), as inputs of
@@ -286,6 +287,9 @@ def _unsafe_op(gm: torch.fx.GraphModule) -> str | None:
             continue  # no padding reaches an op whose operands and results are all static
         if name not in PADDING_SAFE:
             return f"{node.target} is not known to be exact on padded, masked inputs"
+        uncompilable = _not_compilable_padded(node, name)
+        if uncompilable:
+            return f"{node.target} {uncompilable}"
         several = _distinct_symbols(node.meta.get("val"))
         if several:
             # e.g. a batched linear with both batch and length dynamic: XLA's verifier
@@ -296,6 +300,23 @@ def _unsafe_op(gm: torch.fx.GraphModule) -> str | None:
             # e.g. linear on a 3-d input views (b, n, d) as (b*n, d): XLA's masks go wrong
             # when a reshape folds a padded dim into another one
             return f"{node.target} makes a dimension of size {merged} (a reshape across a dynamic dim)"
+    return None
+
+
+def _not_compilable_padded(node: torch.fx.Node, name: str) -> str | None:
+    """Why XLA cannot compile this op with a padded dimension (None: it can). The eager
+    buckets' ``_NOT_COMPILABLE_PADDED`` in the graph's terms: only these operand forms fail."""
+    divisor = node.args[1].meta.get("val") if len(node.args) > 1 and isinstance(node.args[1], torch.fx.Node) else None
+    if name == "div" and isinstance(divisor, torch.Tensor) and _dynamic_in(divisor):
+        # a true division puts its full-size divisor behind an optimization barrier
+        # (lowering's ``opaque``), through which XLA's dynamic padder cannot carry a
+        # dynamic dimension ("not implemented")
+        return "divides by a tensor of dynamic size"
+    val = node.meta.get("val")
+    if name == "pow" and isinstance(val, torch.Tensor) and not val.dtype.is_floating_point:
+        # integer pow is a while loop (lowering's _int_power): XLA's dynamic dimension
+        # inference fails a RET_CHECK on it
+        return "raises integers to a power (a loop XLA cannot run on a dynamic size)"
     return None
 
 
