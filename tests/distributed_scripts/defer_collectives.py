@@ -178,6 +178,24 @@ def broadcast_and_all_to_all() -> None:
     assert n["flushes_collective"] == (2 if CHECKED else 0), n
 
 
+def reduce_to_root() -> None:
+    """reduce, recorded on every rank: the root gets the sum (and its max), the other
+    ranks keep their tensors; without the check nothing is flushed for it."""
+    x = dev(data(RANK))
+
+    def step() -> None:
+        y, z = x * 2, x - 1
+        dist.reduce(y, dst=0)
+        dist.reduce(z, dst=WORLD - 1, op=dist.ReduceOp.MAX)
+        want_y = sum(data(r) * 2 for r in range(WORLD)) if RANK == 0 else data(RANK) * 2
+        want_z = torch.stack([data(r) - 1 for r in range(WORLD)]).amax(0) if RANK == WORLD - 1 else data(RANK) - 1
+        assert close(y, want_y), (y.cpu(), want_y)
+        assert close(z, want_z), (z.cpu(), want_z)
+
+    n = counted(step)
+    assert n["flushes_collective"] == (2 if CHECKED else 0), n
+
+
 def bucketed_inputs() -> None:
     """Tensors in bucketed storages (eager/buckets.py: here results of ops on ids uploaded
     at varying lengths) are exchanged without their spare rows, eager and deferred."""
@@ -231,6 +249,7 @@ def main() -> None:
         ("ops_and_dtypes", ops_and_dtypes),
         ("gather_and_scatter", gather_and_scatter),
         ("broadcast_and_all_to_all", broadcast_and_all_to_all),
+        ("reduce_to_root", reduce_to_root),
         ("bucketed_inputs", bucketed_inputs),
         ("ddp_training", ddp_training),
     ]:

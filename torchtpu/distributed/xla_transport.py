@@ -244,8 +244,20 @@ class XlaTransport:
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> None:
         if self._on_host(tensors):
             return self.host.reduce(tensors, opts)
+        op, root = _op(opts), opts.rootRank
         for t in tensors:
-            self._reduce([t], _op(opts), write=self.rank == opts.rootRank, record=False)
+            if not self._record_reduce_to(t, op, root):
+                self._reduce([t], op, write=self.rank == root, record=False)
+
+    def _record_reduce_to(self, t: torch.Tensor, op: str, root: int) -> bool:
+        """Record ``reduce``: every rank runs the all_reduce; the root writes its tensor,
+        the others a scratch storage the graph keeps as a result until it runs (a
+        collective whose value nobody takes would be deleted by XLA, and the peers hang)."""
+        P.check_reduce(op, t.dtype)
+        size = self.size
+        reads = [t]
+        writes = reads if self.rank == root else [torch.empty_like(t, memory_format=torch.contiguous_format)]
+        return self._record(("reduce", op), reads, writes, lambda b, xs: P.all_reduce_values(b, xs, op, size))
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> None:
         if self._on_host([output, input]):
