@@ -183,7 +183,7 @@ def test_input_mutation_is_written_back_and_donated() -> None:
 def _programs_with_mutations() -> list:
     from torchtpu.compile.fx_lowering import GRAPHS
 
-    return [p for g in list(GRAPHS) for p in g.programs.values() if p.storage.updates]
+    return [p for g in list(GRAPHS) for p in g.programs.values() if p.storage is not None and p.storage.updates]
 
 
 def test_training_step_does_not_double_memory() -> None:
@@ -351,3 +351,23 @@ def test_cpu_compile_with_real_inductor() -> None:
     x = torch.randn(16)
     assert_close(fn(x), torch.sin(x) + 1)
     assert torchtpu.metrics.snapshot().get("compiled_graphs", 0) == before
+
+
+def test_outputs_that_are_views_of_inputs_alias_them_and_run_no_program() -> None:
+    """``x.detach()`` and ``x.view(2, 3).t()`` returned by a compiled function are views of
+    ``x``, as in eager (writing through one shows in ``x``), and a graph that computes
+    nothing else runs no program."""
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.detach(), x.view(2, 3).t()
+
+    compiled = torch.compile(fn, backend="tpu")
+    x = torch.arange(6.0, device=TPU)
+    compiled(x)  # compiles
+    before = torchtpu.metrics.snapshot()["executions"]
+    d, v = compiled(x)
+    assert torchtpu.metrics.snapshot()["executions"] == before
+    assert v.shape == (3, 2) and v.stride() == (1, 3)
+    d[0] = 10.0
+    v[1, 0] = 20.0
+    assert x.cpu().tolist() == [10.0, 20.0, 2.0, 3.0, 4.0, 5.0]

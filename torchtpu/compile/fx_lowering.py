@@ -27,14 +27,14 @@ import itertools
 import os
 import sys
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from .. import _spans, config, metrics
-from ..eager import rng
+from ..eager import deferred, rng
 from ..errors import TpuError
 from ..lowering import registry
 from ..lowering.collectives import ReplicaLayout
@@ -61,6 +61,7 @@ _SKIPPED = {
     aten._assert_async.msg,
 }
 _dump_ids = itertools.count()
+_tokens = itertools.count()
 GRAPHS: weakref.WeakSet = weakref.WeakSet()  # every live CompiledGraph (tests, debugging)
 
 
@@ -69,10 +70,31 @@ class Program:
 
     __slots__ = ("storage", "outputs", "n_random")
 
-    def __init__(self, storage: StorageProgram, outputs: list[tuple], n_random: int):
-        self.storage = storage
-        self.outputs = outputs  # per graph output: ("new", sizes, strides, dtype, numel, exprs) | ("input", i) | ("const", v)
+    def __init__(self, storage: StorageProgram | None, outputs: list[tuple], n_random: int):
+        self.storage = storage  # None: the graph computes nothing (its outputs are inputs, views, constants)
+        # per graph output: ("new", sizes, strides, dtype, numel, exprs) | ("input", i) | ("const", v)
+        # | ("view", i, ((view op, its other args, kwargs), ...)): views of input i
+        self.outputs = outputs
         self.n_random = n_random  # RNG states the program consumes
+
+
+class _Lowered(NamedTuple):
+    """A graph lowered over its call's storages (``CompiledGraph._lower``)."""
+
+    outputs: list[Value]  # the flat values of the "new" results, in output order
+    specs: list[tuple]  # per graph output, as Program.outputs
+    bases: list[Value]  # every storage's value after the graph (rewritten or as read)
+    updated: list[int]  # the storage slots the graph rewrites, in graph order
+    n_random: int  # RNG states it consumes
+
+
+class _RecordSpec(NamedTuple):
+    """What a call recorded under DeferAndFuse produces (``CompiledGraph._record``)."""
+
+    outputs: list[tuple]  # per graph output, as Program.outputs
+    updated: tuple[int, ...]  # the storage slots it rewrites
+    n_random: int  # RNG states it consumes
+    checks: bool  # whether it checks something on the device (an index in range, ...)
 
 
 class _Call:
@@ -87,6 +109,13 @@ class _Call:
         self.cells: list[Cell] = []
         self.slot_of: dict[int, int] = {}
         self.scalars: list[Any] = []
+
+    def without_tensors(self) -> _Call:
+        """The call's geometry and Python arguments, without its tensors (a recorded
+        graph lowers from this later, and must not keep the step's tensors alive)."""
+        shape = _Call([None if isinstance(a, torch.Tensor) else a for a in self.args])
+        shape.key = self.key
+        return shape
 
 
 def _slot(call: _Call, t: torch.Tensor) -> int:
@@ -123,9 +152,14 @@ def _collect(args: list[Any], name: str) -> _Call:
             key.append(("obj", type(a).__qualname__))
         else:
             raise TpuError(f"torchtpu: compiled graph {name} got an argument of type {type(a).__name__} (argument {i})")
-    key.append(tuple((c.shape, c.dtype, c.buf is not None) for c in call.cells))
+    key.append(tuple((c.shape, c.dtype, c.initialized) for c in call.cells))  # initialized: without running pending work
     key.append(current_precision())  # dot/conv precision_config is baked into the program
     return call
+
+
+def _storages(pb: ProgramBuilder, call: _Call) -> list[Value]:
+    """The flat value of each storage the call reads, as parameters of ``pb``'s program."""
+    return [pb.storage(slot, c.shape, c.numel, c.dtype, c.initialized) for slot, c in enumerate(call.cells)]
 
 
 def _opaque(a: Any) -> bool:
@@ -185,6 +219,24 @@ class _Hooks(GraphHooks):
         self.n_random += 1
 
 
+def _view_chain(node: Any) -> list[torch.fx.Node] | None:
+    """``[input, view, ...]`` when ``node`` is a chain of view ops of a graph input with
+    constant arguments (``x.detach()``, ``x.view(2, 3).t()``), else None: such an output
+    is made by running the views on the input tensor, an alias as in eager, no program."""
+    chain = []
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        target = node.target
+        if not (isinstance(target, torch._ops.OpOverload) and target.is_view and node.args):
+            return None
+        if any(isinstance(a, torch.fx.Node) for a in (*node.args[1:], *node.kwargs.values())):
+            return None
+        chain.append(node)
+        node = node.args[0]
+    if not chain or not isinstance(node, torch.fx.Node) or node.op != "placeholder":
+        return None
+    return [node, *reversed(chain)]
+
+
 def _size_query(target: Any, args: Any) -> int:
     x = args[0]
     if target is aten.sym_numel.default:
@@ -219,7 +271,12 @@ class CompiledGraph:
     """Callable (boxed convention) that runs ``gm`` as XLA programs on tpu tensors."""
 
     def __init__(
-        self, gm: torch.fx.GraphModule, name: str, dynamic: bool = False, bounds: Any = None, replicas: ReplicaLayout | None = None
+        self,
+        gm: torch.fx.GraphModule,
+        name: str,
+        dynamic: bool = False,
+        bounds: Any = None,
+        replicas: ReplicaLayout | None = None,
     ):
         self._boxed_call = True  # an instance attribute: wrappers copy __dict__, not class attributes
         self.name = name
@@ -239,6 +296,8 @@ class CompiledGraph:
                 warn_exact(name, plan.reason)
         self._lengths: list[Value] = []
         self.programs = BoundedCache(f"programs of compiled graph {name}")
+        self.recorded = BoundedCache(f"recorded calls of compiled graph {name}")  # key -> _RecordSpec
+        self.token = next(_tokens)  # names this graph in DeferAndFuse's graph keys (ids are reused)
         self._last_key: tuple | None = None
         self.compile_id: str | None = None  # Dynamo's id of the frame compile that made this graph ("0/1")
         nodes = list(gm.graph.nodes)
@@ -258,6 +317,8 @@ class CompiledGraph:
         if lengths is not None:
             call.scalars.extend(device_scalar(n, int, np.int32) for n in lengths)
         key = tuple(call.key)
+        if lengths is None and self.replicas is None and not call.host and deferred.deferring():
+            return self._record(key, call)
         prog = self.programs.get(key)
         if prog is None:
             self._explain_new(key)
@@ -292,25 +353,70 @@ class CompiledGraph:
             out.append(r)
         return out
 
+    # -- recording under DeferAndFuse ---------------------------------------------------------
+    def _record(self, key: tuple, call: _Call) -> list[Any]:
+        """Record this call into DeferAndFuse's pending graph instead of running it: the
+        graphs of a step (forward, backward, optimizer) and the eager ops between them
+        then run as one fused program."""
+        spec = self.recorded.get(key)
+        if spec is None:
+            spec = self.recorded[key] = self._record_spec(call)
+        if not (spec.updated or spec.n_random or spec.checks or any(s[0] == "new" for s in spec.outputs)):
+            return self._results(spec.outputs, call.args, iter(()))  # nothing to compute
+        shape = call.without_tensors()
+
+        def lower(ctx: ProgramContext, values: list[Value]) -> list[Value]:
+            low = self._lower(ctx, shape, values)
+            return [low.bases[slot] for slot in spec.updated] + low.outputs
+
+        operands = list(call.scalars)
+        if spec.n_random:
+            operands.append(rng.reserve_state_buffer(spec.n_random))
+        new = [(s[4], s[3]) for s in spec.outputs if s[0] == "new"]
+        sub = deferred.Inlined(("compiled graph", self.token, key), f"compiled graph {self.name}", len(call.cells), lower)
+        cells = iter(deferred.record_inlined(sub, call.cells, [call.cells[s] for s in spec.updated], new, operands))
+        return self._results(spec.outputs, call.args, cells)
+
+    def _record_spec(self, call: _Call) -> _RecordSpec:
+        """What a recorded call produces, from lowering it once on its own (not compiled):
+        this also raises NotImplementedError at the graph, as running it would."""
+        pb = ProgramBuilder()
+        low = self._lower(pb.ctx, call, _storages(pb, call))
+        return _RecordSpec(low.specs, tuple(low.updated), low.n_random, bool(pb.ctx.checks))
+
     # -- running -----------------------------------------------------------------------------
     def _run(self, prog: Program, call: _Call) -> list[Any]:
+        if prog.storage is None:
+            return self._results(prog.outputs, call.args, iter(()))
         inputs = [c.buf for c in call.cells if c.buf is not None]
         inputs.extend(call.scalars)
         if prog.n_random:
             inputs.append(rng.reserve_state_buffer(prog.n_random))
         outs = execute(prog.storage, inputs, f"compiled graph {self.name}")
-        new = iter(write_back(prog.storage, call.cells, outs))
+        new = write_back(prog.storage, call.cells, outs)
         for i, host in call.host:  # a mutated CPU scalar (e.g. a non-capturable optimizer step count)
             if call.slot_of[id(cell_of(call.args[i]))] in prog.storage.updates:
                 host.copy_(call.args[i])
+        fresh = [s for s in prog.outputs if s[0] == "new"]
+        return self._results(prog.outputs, call.args, (Cell(s[4], s[3], buf) for s, buf in zip(fresh, new)))
+
+    @staticmethod
+    def _results(specs: list[tuple], args: list[Any], cells: Iterator[Cell]) -> list[Any]:
+        """The graph's outputs: a tensor over each new storage (``cells``, in order), the
+        input tensors it returns as they are, and constants."""
         results: list[Any] = []
-        for spec in prog.outputs:
+        for spec in specs:
             kind = spec[0]
             if kind == "new":
-                sizes, strides, dtype, numel = spec[1:5]
-                results.append(new_tensor(Cell(numel, dtype, next(new)), sizes, strides, 0, dtype))
+                sizes, strides, dtype = spec[1:4]
+                results.append(new_tensor(next(cells), sizes, strides, 0, dtype))
             elif kind == "input":
-                results.append(call.args[spec[1]])
+                results.append(args[spec[1]])
+            elif kind == "view":
+                t = args[spec[1]]
+                for target, rest, kwargs in spec[2]:
+                    t = target(t, *rest, **kwargs)
+                results.append(t)
             else:
                 results.append(spec[1])
         return results
@@ -318,14 +424,25 @@ class CompiledGraph:
     # -- building ------------------------------------------------------------------------------
     def _build(self, call: _Call) -> Program:
         pb = ProgramBuilder(group=self.replicas.ranks if self.replicas is not None else None)
-        ctx, b = pb.ctx, pb.b
-        ctx.replica_layout = self.replicas
-        bases = [pb.storage(slot, c.shape, c.numel, c.dtype, c.buf is not None) for slot, c in enumerate(call.cells)]
-        inputs, geometry = self._inputs(b, call, bases)
+        low = self._lower(pb.ctx, call, _storages(pb, call))
+        if not (low.outputs or low.updated or low.n_random or pb.ctx.checks):
+            return Program(None, low.specs, 0)  # only inputs, views of them, constants: nothing to run
+        updates = [(slot, low.bases[slot], call.cells[slot].shape) for slot in low.updated]
+        what = f"compiled graph {self.name} {[k[2] for k in call.key if isinstance(k, tuple) and len(k) == 5]}"
+        # a rewritten input's old buffer dies with the step: let XLA reuse it for the new one
+        storage = pb.finish(low.outputs, updates, what, donate=[s for s in low.updated if pb.has_param(s)])
+        _dump(self.name, storage.text, self.gm)
+        return Program(storage, low.specs, low.n_random)
+
+    def _lower(self, ctx: ProgramContext, call: _Call, bases: list[Value]) -> _Lowered:
+        """The graph lowered into ``ctx`` over the flat values ``bases`` of the call's
+        storages: its new results, and the storages it rewrites (``copy_`` into inputs)."""
+        if self.replicas is not None:
+            ctx.replica_layout = self.replicas
+        inputs, geometry = self._inputs(ctx.b, call, bases)
         hooks = _Hooks(ctx, self.placeholders, use_meta=not self.dynamic)
         result = lower_graph(ctx, self.gm, inputs, hooks=hooks)
         results = list(result) if isinstance(result, (tuple, list)) else [result]
-
         outputs, specs = [], []
         for node, v in zip(self.output_args, results):
             spec, flat = self._output(ctx, node, v)
@@ -336,21 +453,16 @@ class CompiledGraph:
         updated: list[int] = []
         for index, value in hooks.mutations.items():  # copy_ into graph inputs, in graph order
             slot, sizes, strides, offset = geometry[index]
-            current[slot] = write_view(b, current[slot], sizes, strides, offset, value)
+            current[slot] = write_view(ctx.b, current[slot], sizes, strides, offset, value)
             if slot not in updated:
                 updated.append(slot)
-        updates = [(slot, current[slot], call.cells[slot].shape) for slot in updated]
-        what = f"compiled graph {self.name} {[k[2] for k in call.key if isinstance(k, tuple) and len(k) == 5]}"
-        # a rewritten input's old buffer dies with the step: let XLA reuse it for the new one
-        storage = pb.finish(outputs, updates, what, donate=[s for s in updated if pb.has_param(s)])
-        _dump(self.name, storage.text, self.gm)
-        return Program(storage, specs, hooks.n_random)
+        return _Lowered(outputs, specs, current, updated, hooks.n_random)
 
     def _inputs(self, b: Any, call: _Call, bases: list[Value]) -> tuple[list[Any], dict[int, tuple]]:
         inputs: list[Any] = []
         geometry: dict[int, tuple] = {}
         for i, (a, k) in enumerate(zip(call.args, call.key)):
-            if isinstance(a, torch.Tensor):
+            if isinstance(k, tuple) and len(k) == 5:  # a tensor (see _collect)
                 slot, dtype, sizes, strides, offset = k
                 geometry[i] = (slot, sizes, strides, offset)
                 inputs.append(read_view(b, bases[slot], sizes, strides, offset, dtype))
@@ -364,12 +476,17 @@ class CompiledGraph:
             for i, dims in self.plan.tensor_dims.items():
                 for d, s in dims:  # XLA masks the padding of this dim from here on
                     v = inputs[i]
-                    inputs[i] = b.op1("stablehlo.set_dimension_size", [v, self._lengths[s]], v.shape, v.dtype, f"dimension = {d} : i64")
+                    inputs[i] = b.op1(
+                        "stablehlo.set_dimension_size", [v, self._lengths[s]], v.shape, v.dtype, f"dimension = {d} : i64"
+                    )
         return inputs, geometry
 
     def _output(self, ctx: ProgramContext, node: Any, v: Any) -> tuple[tuple, Value | None]:
         if isinstance(node, torch.fx.Node) and node.op == "placeholder":
             return ("input", self.placeholders[node]), None
+        chain = _view_chain(node) if self.plan is None else None
+        if chain is not None:  # e.g. the step's ``loss.detach()``: a view, as eager makes it
+            return ("view", self.placeholders[chain[0]], tuple((n.target, n.args[1:], n.kwargs) for n in chain[1:])), None
         if not isinstance(v, Value):
             return ("const", v), None
         meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None

@@ -334,7 +334,7 @@ def _compiled_diffs(old: tuple, new: tuple) -> list[tuple[str, str]]:
 
 
 def _node_name(node: Any) -> str:
-    return node.plan.name if node.plan is not None else "flat append (torch.cat)"
+    return node.name
 
 
 def _graph_cause(nodes: list, gkey: tuple, earlier: list[tuple]) -> tuple[str, str]:
@@ -366,8 +366,8 @@ def _node_cause(i: int, node: Any, old: tuple, new: tuple, earlier: list[tuple])
             return NEW_OP, f"{where}: first fused use of the op"
         return NEW_STRUCTURE, f"{where}: another op sequence (the closest earlier graph has another op here)"
     if old_key != new_key:
-        if node.plan is None:
-            return NEW_SHAPE, f"{where}: storage capacities changed"
+        if node.plan is None:  # a flat append, a collective or a compiled graph
+            return NEW_SHAPE, f"{where}: its storages' sizes or its inputs' geometry changed"
         cause, detail = _summarize(_eager_diffs(node.plan, old_key, new_key))
         return cause, f"{where}: {detail}"
     return NEW_STRUCTURE, f"{where}: reads or writes other storages of the graph (slots {old_slots} -> {new_slots})"

@@ -82,6 +82,27 @@ class Collective(NamedTuple):
     reads: int
     lower: Callable[[Builder, list[Value]], list[Value]]  # read values -> written values
 
+    @property
+    def name(self) -> str:
+        return str(self.key[0])
+
+    def apply(self, ctx: Any, values: list[Value]) -> list[Value]:
+        return self.lower(ctx.b, values)
+
+
+class Inlined(NamedTuple):
+    """A piece of program recorded whole -- a torch.compile graph (compile/fx_lowering.py):
+    it reads the values of the ``reads`` storages and writes the ones after them, lowered
+    with the program context, so it may take parameters of its own (``record_inlined``)."""
+
+    key: tuple  # what it computes (the graph and its inputs' geometry): part of the graph's cache key
+    name: str  # in errors and explanations
+    reads: int
+    lower: Callable[[Any, list[Value]], list[Value]]  # (program context, read values) -> written values
+
+    def apply(self, ctx: Any, values: list[Value]) -> list[Value]:
+        return self.lower(ctx, values)
+
 
 class _Node:
     __slots__ = (
@@ -94,8 +115,9 @@ class _Node:
         "random",
         "where",
         "padded_key",
-        "collective",
+        "whole",
         "keep",
+        "name",
     )
 
     def __init__(self, plan: OpPlan | None, key: tuple, lvalues: list, gslots: tuple, scalar_types: list):
@@ -108,8 +130,9 @@ class _Node:
         self.random = plan is not None and plan.random
         self.where = ""
         self.padded_key: tuple | None = None  # buckets.Padded.key of a call run padded
-        self.collective: Collective | None = None
+        self.whole: Collective | Inlined | None = None  # lowered whole, from the storages' values
         self.keep: tuple[Cell, ...] = ()  # a collective's written storages, alive until the flush
+        self.name = plan.name if plan is not None else "flat append (torch.cat)"  # in errors
 
 
 class Graph:
@@ -197,7 +220,10 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
         spec = _SPECS[key] = _spec(plan, values, call, key)
     specs, out_tree, updates = spec.outputs, spec.out_tree, spec.updates
     gslots = tuple(g.slot(c) for c in call.cells)
-    lvalues = [None if k == KIND_TENSOR_LIST or (k == KIND_TENSOR and isinstance(v, torch.Tensor)) else v for k, v in zip(plan.kinds, values)]
+    lvalues = [
+        None if k == KIND_TENSOR_LIST or (k == KIND_TENSOR and isinstance(v, torch.Tensor)) else v
+        for k, v in zip(plan.kinds, values)
+    ]
     node = _Node(plan, key, lvalues, gslots, call.scalar_types)
     padded = call.padded
     if padded is not None:
@@ -259,12 +285,47 @@ def record_collective(c: Collective, reads: Sequence[Cell], writes: Sequence[Cel
         _flush_graph(g, "collective_group")
         g = _graph()
     g.group = c.group
-    node = _Node(None, c.key, [], tuple(g.slot(cell) for cell in (*reads, *writes)), [])
-    node.collective, node.keep = c, tuple(writes)
+    node, _ = _whole_node(g, c, reads, writes, ())
+    node.keep = tuple(writes)
+    _append_whole(g, node)
+
+
+def record_inlined(
+    sub: Inlined, reads: Sequence[Cell], writes: Sequence[Cell], new: Sequence[tuple[int, torch.dtype]], operands: Sequence[Any]
+) -> list[Cell]:
+    """Record ``sub`` -- reading the storages ``reads``, rewriting ``writes``, creating one
+    storage per ``new`` (numel, dtype), taking ``operands`` (device buffers) as its
+    parameters -- into this thread's graph; the new storages' (pending) cells."""
+    g = _graph_for(list(reads), sub.key)
+    node, created = _whole_node(g, sub, reads, writes, new)
+    node.where = checks.user_source_line()  # for a device-side check that fails (cheap next to a graph's call)
+    g.operands.extend(operands)
+    _append_whole(g, node)
+    return created
+
+
+def _whole_node(
+    g: Graph, sub: Collective | Inlined, reads: Sequence[Cell], writes: Sequence[Cell], new: Sequence[tuple[int, torch.dtype]]
+) -> tuple[_Node, list[Cell]]:
+    """The node of ``sub`` in ``g`` (its slots: ``reads``, then ``writes``, now pending
+    in ``g``, then the storages it creates) and the cells it creates."""
+    gslots = [g.slot(cell) for cell in reads]
     for cell in writes:
         cell.lazy = g
         g.written[g.slot(cell)] = None
-    _append_node(g, node, c.key)
+        gslots.append(g.slot(cell))
+    created = []
+    for numel, dtype in new:
+        cell, idx = g.new_cell(numel, dtype)
+        created.append(cell)
+        gslots.append(idx)
+    node = _Node(None, sub.key, [], tuple(gslots), [])
+    node.whole, node.name = sub, sub.name
+    return node, created
+
+
+def _append_whole(g: Graph, node: _Node) -> None:
+    _append_node(g, node, node.key)
     if len(g.nodes) >= MAX_NODES:
         _flush_graph(g, "size")
 
@@ -385,7 +446,9 @@ def _run_graph(g: Graph, reason: str) -> None:
         cell = g.cells[g.input_slots[i]]()
         if cell is not None:
             cell._buf = None  # still counted: the program's output replaces it
-    blame = [Blame(g.nodes[n].plan.name, g.nodes[n].where or "<unknown: run with TORCHTPU_LAUNCH_BLOCKING=1>") for n in compiled.blame_nodes]
+    blame = [
+        Blame(g.nodes[n].name, g.nodes[n].where or "<unknown: run with TORCHTPU_LAUNCH_BLOCKING=1>") for n in compiled.blame_nodes
+    ]
     outs = execute(compiled.program, g.inputs + g.operands, blame)
     g.inputs = g.operands = []
     metrics.add("flushes")
@@ -440,7 +503,7 @@ def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
     results = [(idx, values[idx], g.kinds[idx][3]) for idx in live]
     donate = [g.input_slots[i] for i in donated]
     what = f"fused graph of {len(g.nodes)} ops"
-    collectives = dict.fromkeys(n.collective.key[0] for n in g.nodes if n.collective is not None)
+    collectives = dict.fromkeys(n.whole.name for n in g.nodes if isinstance(n.whole, Collective))
     if collectives:  # named in the error of a failed collective (a dead peer)
         what += f" with {', '.join(collectives)}"
     return _Compiled(pb.finish([], results, what, donate), blame_nodes)
@@ -448,9 +511,9 @@ def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
 
 def _lower_node(ctx: Any, g: Graph, node: _Node, values: list[Any]) -> None:
     """Lower one recorded op, reading and writing the graph's current storage values."""
-    if node.collective is not None:
-        reads, writes = node.gslots[: node.collective.reads], node.gslots[node.collective.reads :]
-        for slot, v in zip(writes, node.collective.lower(ctx.b, [values[s] for s in reads])):
+    if node.whole is not None:
+        reads, writes = node.gslots[: node.whole.reads], node.gslots[node.whole.reads :]
+        for slot, v in zip(writes, node.whole.apply(ctx, [values[s] for s in reads])):
             values[slot] = v
         return
     scalars = scalar_params(ctx.b, node.scalar_types)
