@@ -178,6 +178,31 @@ def broadcast_and_all_to_all() -> None:
     assert n["flushes_collective"] == (2 if CHECKED else 0), n
 
 
+def lists_to_and_from_root() -> None:
+    """all_gather and gather into lists of tensors, and scatter from a list, recorded: each
+    output is the CPU's (gather's and scatter's roots are different ranks)."""
+    x = dev(data(RANK, 3))
+    root = WORLD - 1
+
+    def step() -> None:
+        everyone = [torch.empty(3, device="tpu") for _ in range(WORLD)]
+        dist.all_gather(everyone, x * 2)
+        at_root = [torch.empty(3, device="tpu") for _ in range(WORLD)] if RANK == root else None
+        dist.gather(x + 1, at_root, dst=root)
+        mine = torch.empty(3, device="tpu")
+        parts = [dev(data(r, 3)) * 10 for r in range(WORLD)] if RANK == 0 else None
+        dist.scatter(mine, parts, src=0)
+        for r, t in enumerate(everyone):
+            assert close(t, data(r, 3) * 2), (r, t.cpu())
+        if at_root is not None:
+            for r, t in enumerate(at_root):
+                assert close(t, data(r, 3) + 1), (r, t.cpu())
+        assert close(mine, data(RANK, 3) * 10), mine.cpu()
+
+    n = counted(step)
+    assert n["flushes_collective"] == (3 if CHECKED else 0), n
+
+
 def reduce_to_root() -> None:
     """reduce, recorded on every rank: the root gets the sum (and its max), the other
     ranks keep their tensors; without the check nothing is flushed for it."""
@@ -250,6 +275,7 @@ def main() -> None:
         ("gather_and_scatter", gather_and_scatter),
         ("broadcast_and_all_to_all", broadcast_and_all_to_all),
         ("reduce_to_root", reduce_to_root),
+        ("lists_to_and_from_root", lists_to_and_from_root),
         ("bucketed_inputs", bucketed_inputs),
         ("ddp_training", ddp_training),
     ]:

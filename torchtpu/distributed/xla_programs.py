@@ -26,6 +26,8 @@ __all__ = [
     "all_reduce",
     "all_reduce_values",
     "all_gather_value",
+    "all_gather_values",
+    "scatter_value",
     "reduce_scatter_value",
     "broadcast_value",
     "all_to_all_value",
@@ -60,6 +62,21 @@ def all_reduce_values(b: Builder, xs: Sequence[Value], op: str, w: int) -> list[
 def all_gather_value(b: Builder, x: Value, w: int) -> Value:
     """``all_gather_into_tensor`` inside a larger program: the ranks' values, flat, in rank order."""
     return C.flat(b, C.all_gather(b, x, _groups(w)))
+
+
+def all_gather_values(b: Builder, x: Value, w: int, numel: int) -> list[Value]:
+    """``all_gather`` into a list inside a larger program: each rank's value, flat."""
+    return C.split(b, all_gather_value(b, x, w), [(numel,)] * w)
+
+
+def scatter_value(b: Builder, xs: Sequence[Value], numel: int, dtype: torch.dtype, root: int, w: int) -> Value:
+    """``scatter`` inside a larger program: this rank's chunk of the root's ``xs``
+    (concatenated; a rank other than the root passes none and sends zeros)."""
+    if xs:
+        x = b.concatenate([C.flat(b, v) for v in xs], 0)
+    else:
+        x = b.broadcast_in_dim(b.constant(0, dtype), (w * numel,), [])
+    return C.rows(b, C.all_to_all(b, b.reshape(x, (w, numel)), _groups(w)))[root]
 
 
 def reduce_scatter_value(b: Builder, x: Value, op: str, w: int) -> Value:

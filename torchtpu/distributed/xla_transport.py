@@ -330,20 +330,37 @@ class XlaTransport:
         if self._on_host(inputs, *output_lists):
             return self.host.allgather(output_lists, inputs, opts)
         for outs, inp in zip(output_lists, inputs):
-            self._gather_into(outs, inp, "all_gather")
+            if not self._record_gather(outs, inp, ("all_gather_list",)):
+                self._gather_into(outs, inp, "all_gather")
 
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> None:
         if self._on_host(inputs, *output_lists):
             return self.host.gather(output_lists, inputs, opts)
         root = opts.rootRank
         for i, inp in enumerate(inputs):  # the same program on every rank; only the root keeps the result
-            self._gather_into(output_lists[i] if self.rank == root else [], inp, "gather", keep=self.rank == root)
+            outs = output_lists[i] if self.rank == root else []
+            if not self._record_gather(outs, inp, ("gather", root)):
+                self._gather_into(outs, inp, "gather", keep=self.rank == root)
+
+    def _record_gather(self, outputs: list[torch.Tensor], input: torch.Tensor, key: tuple) -> bool:
+        """Record an all_gather into the tensors ``outputs`` (one per rank); none: a rank
+        other than gather's root, which writes a scratch result the graph keeps (an unused
+        collective would be deleted by XLA, and the peers would hang)."""
+        size, n = self.size, input.numel()
+        if any(o.numel() != n or o.dtype != input.dtype for o in outputs):
+            return False  # the direct path raises PyTorch's error
+        if outputs:
+            return self._record(key, [input], outputs, lambda b, xs: P.all_gather_values(b, xs[0], size, n))
+        scratch = [torch.empty(size * n, dtype=input.dtype, device=input.device)]
+        return self._record(key, [input], scratch, lambda b, xs: [P.all_gather_value(b, xs[0], size)])
 
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any) -> None:
         if self._on_host(outputs, *input_lists):
             return self.host.scatter(outputs, input_lists, opts)
-        _flush()
         root = opts.rootRank
+        if len(outputs) == 1 and self._record_scatter(outputs[0], input_lists[0] if self.rank == root else [], root):
+            return
+        _flush()
         for i, out in enumerate(outputs):
             n, dtype, oshape = out.numel(), out.dtype, _out_shape(out)
             if self.rank == root:
@@ -381,6 +398,13 @@ class XlaTransport:
         if self._on_host(outputs, inputs):
             return self.host.alltoall(outputs, inputs, opts)
         self._exchange(outputs, inputs, [t.numel() for t in inputs], [t.numel() for t in outputs], "all_to_all")
+
+    def _record_scatter(self, output: torch.Tensor, inputs: list[torch.Tensor], root: int) -> bool:
+        """Record ``scatter``: the root's ``inputs`` (none on the other ranks) go one to each rank."""
+        size, n, dtype = self.size, output.numel(), output.dtype
+        if inputs and (len(inputs) != size or any(t.numel() != n or t.dtype != dtype for t in inputs)):
+            return False  # the direct path raises PyTorch's error
+        return self._record(("scatter", root), inputs, [output], lambda b, xs: [P.scatter_value(b, xs, n, dtype, root, size)])
 
     def _exchange(
         self,
