@@ -393,6 +393,41 @@ def test_automatic_dynamic_shapes_are_bucketed_without_a_bound() -> None:
     assert len(dynamic) == 2 and all(gr.plan is not None and len(gr.programs) == 1 for gr in dynamic)
 
 
+def test_uploaded_ids_of_varying_length_are_padded_on_the_device() -> None:
+    """DLRM's inputs: ids and their per-sample weights uploaded at a new total each step,
+    automatic dynamic. Once uploads of that bucket vary they have bucketed twins
+    (eager/buckets.py), and the compiled graph reads those padded, instead of copying each
+    input to the host and back to pad it: no device-to-host transfer in a step (before:
+    one per padded input), one program per graph, the CPU's loss and gradients."""
+
+    def fn(w: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, psw: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding_bag(ids, w, offsets, per_sample_weights=psw, mode="sum").square().sum()
+
+    compiled = torch.compile(fn, backend="tpu")
+    torch.manual_seed(0)
+    w_ref = torch.randn(20, 4, requires_grad=True)
+    w_dev = w_ref.detach().to(TPU).requires_grad_()
+    g = torch.Generator().manual_seed(0)
+    older = {id(gr) for gr in _graphs()}
+    for step in range(6):
+        ids, offsets = _bags(g, 8, 20)
+        psw = torch.rand(len(ids), generator=g, requires_grad=True)
+        before = torchtpu.metrics.snapshot()["d2h_transfers"]
+        psw_dev = psw.detach().to(TPU).requires_grad_()
+        loss = compiled(w_dev, ids.to(TPU), offsets.to(TPU), psw_dev)
+        loss.backward()
+        if step >= 3:  # the first steps: one length (static), then Dynamo's recompile
+            assert torchtpu.metrics.snapshot()["d2h_transfers"] == before, step
+        expected = fn(w_ref, ids, offsets, psw)
+        expected.backward()
+        assert_close(loss, expected)
+        assert_close(w_dev.grad, w_ref.grad)
+        assert_close(psw_dev.grad, psw.grad)
+        w_dev.grad = w_ref.grad = None
+    dynamic = [gr for gr in _graphs() if id(gr) not in older and gr.dynamic]
+    assert dynamic and all(gr.plan is not None and len(gr.programs) == 1 for gr in dynamic)
+
+
 def test_automatic_dynamic_graph_that_is_not_padding_safe_runs_at_exact_shapes_quietly() -> None:
     """mean divides by a size baked into the program: the graph keeps exact shapes, with no
     warning (nobody asked for bounded dynamism)."""

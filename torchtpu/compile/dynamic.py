@@ -204,16 +204,16 @@ class BoundedPlan:
         caps: dict[int, set[int]] = {}
         for i, dims in self.tensor_dims.items():
             for d, s in dims:
-                caps.setdefault(s, set()).add(eager_rows(args[i], d))
+                caps.setdefault(s, set()).add(eager_rows(_bucketed(args[i]), d))
         return {s: c.pop() for s, c in caps.items() if len(c) == 1 and None not in c}
 
     def pad_args(self, args: list[Any], buckets: list[int]) -> list[Any]:
         """Inputs padded to their bucket sizes: a view over the spare rows of an
-        eager-bucketed storage that holds them, else through the host; SymInts become
-        buckets."""
+        eager-bucketed storage that holds them (a bucketed twin of uploaded ids included),
+        else through the host; SymInts become buckets."""
         out = list(args)
         for i, dims in self.tensor_dims.items():
-            t = args[i]
+            t = _bucketed(args[i])
             pads = [(0, 0)] * t.dim()
             for d, s in dims:
                 pads[d] = (0, buckets[s] - t.shape[d])
@@ -225,6 +225,14 @@ class BoundedPlan:
         for i, s in self.int_inputs.items():
             out[i] = buckets[s]
         return out
+
+
+def _bucketed(t: Any) -> Any:
+    """``t``, or its bucketed twin (eager/buckets.py) when it is a 1-d upload that has one:
+    ids uploaded at varying lengths are then read padded on the device, with no trip of
+    theirs through the host."""
+    twin = buckets.bucketed_twin(t) if isinstance(t, torch.Tensor) and t.device.type == "tpu" else None
+    return t if twin is None else twin
 
 
 def eager_rows(t: Any, d: int) -> int | None:

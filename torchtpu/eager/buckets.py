@@ -228,6 +228,16 @@ def _valid_twin(t: Any) -> _Twin | None:
     return entry[1]
 
 
+def bucketed_twin(t: Any) -> torch.Tensor | None:
+    """The bucketed twin of ``t`` -- an uploaded 1-d tensor, the whole of its storage --
+    or None: the same values in an eager-bucketed storage with spare rows after them
+    (uploaded now if no padded op has read it yet)."""
+    entry = _valid_twin(t)
+    if entry is None or t.dim() != 1 or t.storage_offset() or t.stride(0) != 1 or t.shape[0] != t.untyped_storage()._cell.numel:
+        return None
+    return entry.tensor()
+
+
 def _twin_view(t: torch.Tensor) -> torch.Tensor | None:
     """``t`` read from its storage's bucketed twin (same geometry), or None."""
     entry = _valid_twin(t)
