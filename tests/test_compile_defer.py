@@ -157,3 +157,23 @@ def test_device_check_in_a_recorded_graph_names_the_graph_and_line():
             ):
                 result.cpu()
         assert compiled(t, torch.tensor([4, 0], device=TPU)).cpu().tolist() == [8.0, 0.0]
+
+
+def test_a_graph_run_directly_waits_for_pending_reads_of_what_it_donates():
+    """A graph that is not recorded (here: it takes a CPU scalar tensor) and rewrites ``p``
+    donates ``p``'s old buffer; a pending graph that reads ``p`` runs first, so it reads
+    the old value. Before, the fused program failed: "Buffer has been deleted or donated"."""
+
+    @torch.compile(backend="tpu")
+    def update(p: torch.Tensor, s: torch.Tensor) -> None:
+        p.add_(s)
+
+    p = torch.ones(4, device=TPU)
+    update(p, torch.tensor(0.0))  # compiled outside the mode
+    with torchtpu.eager_mode("defer_and_fuse"):
+        y = p * 2
+        before = torchtpu.metrics.snapshot()["flushes_by_reason"].get("donation", 0)
+        update(p, torch.tensor(1.0))
+        assert torchtpu.metrics.snapshot()["flushes_by_reason"].get("donation", 0) == before + 1
+        assert y.cpu().tolist() == [2.0] * 4
+        assert p.cpu().tolist() == [2.0] * 4

@@ -388,6 +388,8 @@ class CompiledGraph:
     def _run(self, prog: Program, call: _Call) -> list[Any]:
         if prog.storage is None:
             return self._results(prog.outputs, call.args, iter(()))
+        if prog.storage.updates:  # their old buffers are donated: a pending graph reading them runs first
+            deferred.flush_readers([call.cells[slot] for slot in prog.storage.updates])
         inputs = [c.buf for c in call.cells if c.buf is not None]
         inputs.extend(call.scalars)
         if prog.n_random:

@@ -375,6 +375,14 @@ def flush(reason: str = "explicit") -> None:
         _flush_graph(g, reason)
 
 
+def flush_readers(cells: Sequence[Cell]) -> None:
+    """Run this thread's pending graph if it reads one of ``cells``: a program run outside
+    it is about to donate their buffers, which the graph still holds as inputs."""
+    g = getattr(_local, "graph", None)
+    if g is not None and not g.flushed and any(c.gslot is not None and c.gslot[0] == g.epoch for c in cells):
+        _flush_graph(g, "donation")
+
+
 def pending_ops() -> int:
     g = getattr(_local, "graph", None)
     return 0 if g is None or g.flushed else len(g.nodes)
