@@ -92,21 +92,33 @@ def _extreme(dtype: torch.dtype, is_max: bool) -> Any:
 
 
 def reduce_extreme(L: NodeLowering, x: Value, dims: Sequence[int], is_max: bool) -> Value:
-    """amax/amin over ``dims`` (no keepdim), propagating NaN."""
+    """amax/amin over ``dims`` (no keepdim), propagating NaN as PyTorch does."""
     if not dims:
         return x
     b = L.b
     if x.dtype is torch.bool:
         return b.reduce([x], [b.constant(not is_max, x.dtype)], dims, _binop(L, "or" if is_max else "and"))[0]
+    r = _reduce_plain_extreme(L, x, dims, is_max)
+    if not is_float(x.dtype):
+        return r
+    # XLA's CPU code for a max/min reduction drops NaN once it vectorizes the loop, and a
+    # reducer that tests for NaN itself is not vectorized (about 10x slower): so the NaN
+    # test is a reduction of its own, which XLA fuses with the max into one pass.
+    has_nan = b.reduce([b.compare(x, x, "NE")], [b.constant(False, torch.bool)], dims, _binop(L, "or"))[0]
+    return b.select(has_nan, L.full(math.nan, r.shape, r.dtype), r)
+
+
+def reduce_shift_max(L: NodeLowering, x: Value, dims: Sequence[int]) -> Value:
+    """The max over ``dims`` (no keepdim) that softmax and logsumexp subtract for stability:
+    NaN may or may not win here, since a NaN input makes the row NaN through the exp-sum
+    anyway, so the cheaper reduction without the NaN test serves."""
+    return _reduce_plain_extreme(L, x, dims, is_max=True)
+
+
+def _reduce_plain_extreme(L: NodeLowering, x: Value, dims: Sequence[int], is_max: bool) -> Value:
+    """max/min reduction with stablehlo.maximum/minimum alone (NaN not guaranteed to win)."""
     name = "maximum" if is_max else "minimum"
-
-    def body(a: Value, c: Value) -> list[Value]:
-        r = b.binary(name, a, c)
-        if is_float(a.dtype):
-            r = b.select(b.compare(a, a, "NE"), a, b.select(b.compare(c, c, "NE"), c, r))
-        return [r]
-
-    return b.reduce([x], [b.constant(_extreme(x.dtype, is_max), x.dtype)], dims, body)[0]
+    return L.b.reduce([x], [L.b.constant(_extreme(x.dtype, is_max), x.dtype)], dims, _binop(L, name))[0]
 
 
 def reduce_arg(L: NodeLowering, x: Value, dim: int, is_max: bool) -> tuple[Value, Value]:
@@ -414,7 +426,7 @@ def logsumexp_keep(L: NodeLowering, x: Value, dims: Sequence[int]) -> Value:
     b = L.b
     if not dims:
         return x
-    m = b.reshape(reduce_extreme(L, x, dims, True), keep_shape(x.shape, dims))
+    m = b.reshape(reduce_shift_max(L, x, dims), keep_shape(x.shape, dims))
     safe = b.select(b.compare(b.unary("abs", m), L.full(math.inf, m.shape, m.dtype), "EQ"), L.zeros(m.shape, m.dtype), m)
     e = b.unary("exponential", b.binary("subtract", x, L.broadcast_to(safe, x.shape)))
     return b.binary("add", b.unary("log", sum_keep(L, e, dims)), safe)
@@ -486,7 +498,7 @@ def softmax_f(L: NodeLowering, x: Value, dim: int, log: bool) -> Value:
     dims = _softmax_dims(x, dim)
     if not dims:
         return L.zeros(x.shape, x.dtype) if log else L.full(1, x.shape, x.dtype)
-    m = b.reshape(reduce_extreme(L, x, dims, True), keep_shape(x.shape, dims))
+    m = b.reshape(reduce_shift_max(L, x, dims), keep_shape(x.shape, dims))
     # an all -inf row gives NaN, like PyTorch
     shifted = b.binary("subtract", x, L.broadcast_to(m, x.shape))
     e = b.unary("exponential", shifted)
