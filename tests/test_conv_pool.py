@@ -9,6 +9,9 @@ import torch
 import torch.nn.functional as F
 from utils import TPU, assert_close, check, check_refereed
 
+from torchtpu.eager import dispatch
+from torchtpu.lowering.rules import convolution as conv_rules
+
 
 def r(*shape, dtype=torch.float32, grad=True):
     return torch.randn(*shape, dtype=dtype).requires_grad_(grad)
@@ -42,6 +45,53 @@ CONV_CASES = {
 def test_conv(name):
     fn, xs, ws, bs = CONV_CASES[name]
     check(fn, r(*xs), r(*ws), None if bs is None else r(bs), **CONV_TOL)
+
+
+# Images with fewer positions than the kernel's window (ResNet's last stage: 3x3 kernels on
+# 2x2 maps). XLA's CPU compiler would swap such a convolution's operands and run it ~25x
+# slower, so on the cpu platform they lower to patches and one dot (rules/convolution.py);
+# forward, input and weight gradients against the CPU.
+SMALL_IMAGE_CASES = {
+    "2x2_pad1": (lambda x, w, b: F.conv2d(x, w, b, padding=1), (2, 8, 2, 2), (6, 8, 3, 3), 6),
+    "1x1_pad1": (lambda x, w, b: F.conv2d(x, w, b, padding=1), (3, 4, 1, 1), (5, 4, 3, 3), 5),
+    "3x3_stride2_dil2": (lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=2, dilation=2), (2, 4, 3, 3), (5, 4, 3, 3), 5),
+    # the second dim's high padding is -1 (the stride skips the last column)
+    "negative_high_pad": (lambda x, w, b: F.conv2d(x, w, b, stride=3, padding=1), (2, 3, 2, 2), (4, 3, 3, 2), None),
+    "1d": (lambda x, w, b: F.conv1d(x, w, b, padding=2), (2, 3, 3), (4, 3, 5), 4),
+    "3d": (lambda x, w, b: F.conv3d(x, w, b, padding=1), (1, 2, 2, 2, 2), (3, 2, 3, 3, 3), 3),
+    "t2d": (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1), (2, 4, 2, 2), (4, 3, 3, 3), 3),
+    "groups_native": (lambda x, w, b: F.conv2d(x, w, b, padding=1, groups=2), (2, 4, 2, 2), (6, 2, 3, 3), 6),
+}
+
+
+@pytest.mark.parametrize("name", list(SMALL_IMAGE_CASES))
+def test_conv_on_images_smaller_than_the_kernel(name):
+    fn, xs, ws, bs = SMALL_IMAGE_CASES[name]
+    check(fn, r(*xs), r(*ws), None if bs is None else r(bs), **CONV_TOL)
+
+
+# Every case through each dot formulation the cpu platform may run a convolution as
+# (rules/convolution.py's _cpu_plan picks one by size, so a model meets only some of them):
+# forced here so each meets every stride, dilation, padding, transposition and layout of
+# the cases, forward and both gradients. Grouped convolutions stay native.
+_DOT_PLANS = {"patches": conv_rules._conv_as_patches, "overlap_add": conv_rules._conv_as_overlap_add}
+_ALL_CONV_CASES = {**CONV_CASES, **{f"small_{name}": case for name, case in SMALL_IMAGE_CASES.items()}}
+
+
+@pytest.mark.parametrize("plan", list(_DOT_PLANS))
+@pytest.mark.parametrize("name", list(_ALL_CONV_CASES))
+def test_conv_as_each_cpu_dot_formulation(name, plan, monkeypatch):
+    def forced(lhs, rhs, window, lhs_layout, rhs_layout, out_shape):
+        # the overlap-add is defined for an "io" kernel (gradients, transposed convolutions)
+        return None if plan == "overlap_add" and rhs_layout != "io" else _DOT_PLANS[plan]
+
+    monkeypatch.setattr(conv_rules, "_cpu_plan", forced)
+    dispatch.clear_cache()  # eager's op programs were lowered with the real choice
+    try:
+        fn, xs, ws, bs = _ALL_CONV_CASES[name]
+        check(fn, r(*xs), r(*ws), None if bs is None else r(bs), **CONV_TOL)
+    finally:
+        dispatch.clear_cache()
 
 
 def test_conv_no_bias_input_without_grad():

@@ -401,3 +401,23 @@ def test_collectives_all_reduce_over_a_2x2_mesh_dimension() -> None:
 
 
 FAMILIES["collectives"] = test_collectives_all_reduce_over_a_2x2_mesh_dimension
+
+
+def test_small_image_convolution_is_patches_and_a_dot_on_cpu_only() -> None:
+    """A 3x3 kernel over a 2x2 image: XLA's CPU compiler would swap the operands (slow), so
+    the cpu platform gets slices + one dot_general; other platforms keep the convolution."""
+    from types import SimpleNamespace
+
+    args = (T(2, 8, 2, 2), T(6, 8, 3, 3), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    cpu = lower(aten.convolution.default, *args)
+    # one slice per output position (4), fewer than the kernel's 9 positions
+    assert "stablehlo.convolution" not in cpu and cpu.count("stablehlo.slice") == 4 and "stablehlo.dot_general" in cpu
+    # a larger image keeps the convolution on the cpu too
+    big = lower(aten.convolution.default, T(2, 8, 4, 4), *args[1:])
+    assert "stablehlo.convolution" in big and "stablehlo.dot_general" not in big
+    registry._load_rules()
+    ctx = ProgramContext()
+    ctx.set_platform(SimpleNamespace(platform="tpu", supports_f64=False, has_lapack=False))
+    vals = [ctx.b.param(a.shape, a.dtype) if isinstance(a, T) else a for a in args]
+    tpu = ctx.b.module([lower_call(ctx, aten.convolution.default, vals, {}, None)])
+    assert "stablehlo.convolution" in tpu and "stablehlo.dot_general" not in tpu

@@ -3208,9 +3208,6 @@ OBSERVED: dict[Key, Entry] = {
     ("nn.functional.conv_transpose3d", "complex64", "fwd"): Observed(
         "mismatch", (0, 1, 8, 9), max_abs=0.0006224389054678692, max_rel=5.653745505302858e-06
     ),
-    ("nn.functional.conv_transpose3d", "complex64", "grad"): Observed(
-        "mismatch", (2, 8, 9), max_abs=0.00017397696305834014, max_rel=1.1857327954189349e-05
-    ),
     ("nn.functional.conv_transpose3d", "float32", "fwd"): Observed(
         "mismatch", (8, 9), max_abs=0.00018310546875, max_rel=0.0003275839581078992
     ),
