@@ -209,6 +209,32 @@ def test_training_step_does_not_double_memory() -> None:
     assert torch.tpu.memory_allocated() == steady
 
 
+def test_state_a_compiled_step_creates_keeps_its_shape_and_matches_cpu() -> None:
+    """SGD's momentum, created inside the compiled step's first run, is a buffer of the
+    parameter's own shape, not a flat one: XLA updates such a donated buffer in place in
+    later steps, where a flat one costs a copy per step (fx_lowering._buffer_value)."""
+    from torchtpu.tensor.storage import cell_of
+
+    cpu = mlp()
+    dev = copy.deepcopy(cpu).to(TPU)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-2) for m in (cpu, dev)]
+
+    def step(model, opt, x, y):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    cstep = torch.compile(step, backend="tpu")
+    x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+    for _ in range(3):
+        step(cpu, opts[0], x, y)
+        cstep(dev, opts[1], x.to(TPU), y.to(TPU))
+    for pc, pt in zip(cpu.parameters(), dev.parameters()):
+        assert_close(pt, pc)
+        assert_close(opts[1].state[pt]["momentum_buffer"], opts[0].state[pc]["momentum_buffer"])
+        assert cell_of(opts[1].state[pt]["momentum_buffer"]).shape == tuple(pt.shape)
+
+
 def test_whole_training_step_compiled_matches_cpu() -> None:
     cpu = mlp()
     dev = copy.deepcopy(cpu).to(TPU)

@@ -403,3 +403,29 @@ def test_16bit_chain_rounds_like_eager_in_every_mode():
     assert torch.equal(deferred, eager)
     assert torch.equal(compiled, eager)
     assert torch.equal(eager, f(*[t.bfloat16() for t in args]))  # and the CPU's
+
+
+def test_state_created_under_defer_keeps_its_shape_and_matches_cpu():
+    """SGD's momentum, created by the first step's recorded clone, is a buffer of the
+    parameter's own shape: later fused steps update it in place where a flat buffer costs
+    XLA a copy per step (deferred._buffer_shape); values as on the CPU."""
+    from torchtpu.tensor.storage import cell_of
+
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    dev = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("tpu")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-2) for m in (cpu, dev)]
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+    with torchtpu.eager_mode("defer_and_fuse"):
+        for _ in range(3):
+            for model, opt, (xb, yb) in zip((cpu, dev), opts, ((x, y), (x.to("tpu"), y.to("tpu")))):
+                opt.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+                opt.step()
+    for pc, pt in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(pt.cpu(), pc)
+        buf = opts[1].state[pt]["momentum_buffer"]
+        torch.testing.assert_close(buf.cpu(), opts[0].state[pc]["momentum_buffer"])
+        assert cell_of(buf).shape == (tuple(pt.shape) if pt.dim() >= 2 else (pt.numel(),))
