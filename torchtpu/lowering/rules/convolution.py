@@ -72,8 +72,9 @@ def conv_general(
     shape = [first[out_layout[0]], first[out_layout[1]], *out_spatial]
     window = _Window(tuple(out_spatial), tuple(strides), tuple(tuple(p) for p in padding), tuple(lhs_dilation),
                      tuple(rhs_dilation), reversed_kernel)
-    plan = _cpu_plan(lhs, rhs, window, lhs_layout, rhs_layout, shape) if L.ctx.platform == "cpu" else None
-    if plan is not None and feature_groups * batch_groups == 1:
+    ungrouped_on_cpu = L.ctx.platform == "cpu" and feature_groups * batch_groups == 1
+    plan = _cpu_plan(lhs, rhs, window, lhs_layout, rhs_layout, shape) if ungrouped_on_cpu else None
+    if plan is not None:
         return L.to(plan(L, lhs, rhs, window, lhs_layout, rhs_layout, out_layout, acc), out_dtype)
     if reversed_kernel:
         rhs = _reverse(L, rhs, range(2, 2 + nsp))
