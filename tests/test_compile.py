@@ -212,7 +212,7 @@ def test_training_step_does_not_double_memory() -> None:
 def test_state_a_compiled_step_creates_keeps_its_shape_and_matches_cpu() -> None:
     """SGD's momentum, created inside the compiled step's first run, is a buffer of the
     parameter's own shape, not a flat one: XLA updates such a donated buffer in place in
-    later steps, where a flat one costs a copy per step (fx_lowering._buffer_value)."""
+    later steps, where a flat one costs a copy per step (lowering/strided.py: buffer_shape)."""
     from torchtpu.tensor.storage import cell_of
 
     cpu = mlp()

@@ -408,7 +408,7 @@ def test_16bit_chain_rounds_like_eager_in_every_mode():
 def test_state_created_under_defer_keeps_its_shape_and_matches_cpu():
     """SGD's momentum, created by the first step's recorded clone, is a buffer of the
     parameter's own shape: later fused steps update it in place where a flat buffer costs
-    XLA a copy per step (deferred._buffer_shape); values as on the CPU."""
+    XLA a copy per step (lowering/strided.py: buffer_shape); values as on the CPU."""
     from torchtpu.tensor.storage import cell_of
 
     torch.manual_seed(0)

@@ -25,7 +25,6 @@ storages that the graph overwrites and nobody else holds are donated.
 from __future__ import annotations
 
 import itertools
-import math
 import sys
 import threading
 import weakref
@@ -36,7 +35,7 @@ import torch
 
 from .. import _spans, metrics
 from ..errors import TpuError
-from ..lowering.strided import is_contiguous
+from ..lowering.strided import buffer_shape
 from ..runner import checks
 from ..runner.bounded import BoundedCache
 from ..runner.program import Blame, ProgramBuilder, StorageProgram, execute
@@ -215,18 +214,6 @@ def _append_node(g: Graph, node: _Node, key: tuple) -> None:
     _hook_backward(g)
 
 
-def _buffer_shape(spec: tuple) -> tuple[int, ...] | None:
-    """The device shape of a new result's buffer: the tensor's own when it is laid out
-    row-major (most results), else flat (None). A later fused program that updates the
-    storage in place (an optimizer's momentum, created by the first step) then does so
-    without a copy: XLA copies a donated buffer whose update goes through a reshape of a
-    flat one (SGD with momentum on ResNet-18: 42 copies per step)."""
-    sizes, strides, _, numel = spec
-    if len(sizes) < 2 or math.prod(sizes) != numel or not is_contiguous(sizes, strides):
-        return None
-    return tuple(sizes)
-
-
 def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
     g = _graph_for(call.cells, key)
     spec = _SPECS.get(key)
@@ -252,7 +239,7 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
         if s is None:
             new.append(None)
             continue
-        cell, idx = g.new_cell(s[3], s[2], _buffer_shape(s) if padded is None else None)
+        cell, idx = g.new_cell(s[3], s[2], buffer_shape(s[0], s[1], s[3]) if padded is None else None)
         node.out_gslots.append(idx)
         new.append(new_tensor(cell, s[0], s[1], 0, s[2]) if padded is None else padded.result(cell, s, padded.out_dims[i]))
     for slot in updates:

@@ -57,6 +57,18 @@ def storage_param(b: Builder, shape: Sequence[int], numel: int, dtype: torch.dty
     return p if tuple(shape) == (numel,) else b.reshape(p, (numel,))
 
 
+def buffer_shape(sizes: Sequence[int], strides: Sequence[int], numel: int) -> tuple[int, ...]:
+    """The device shape of a new storage's buffer: its tensor's own when the tensor fills the
+    storage row-major (most results), else flat. A later program that updates the storage
+    in place (an optimizer's momentum, made by the first step) then does so without a copy:
+    XLA copies a donated buffer whose update goes through a reshape of a flat one (SGD with
+    momentum on ResNet-18: 42 copies per step, 10.7 of its optimizer program's 30 ms)."""
+    sizes = tuple(int(n) for n in sizes)
+    if len(sizes) >= 2 and prod(sizes) == numel and is_contiguous(sizes, strides):
+        return sizes
+    return (numel,)
+
+
 def storage_result(b: Builder, flat: Value, shape: Sequence[int]) -> Value:
     """A new value of a storage, in the storage buffer's device ``shape``."""
     return flat if tuple(shape) == flat.shape else b.reshape(flat, tuple(shape))
