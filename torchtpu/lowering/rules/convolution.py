@@ -233,20 +233,18 @@ def _patches(L: NodeLowering, lhs: Value, kernel: Sequence[int], window: _Window
     lhs = b.pad(lhs, zero, [0, 0, *low], [0, 0, *high], [0, 0, *(d - 1 for d in window.lhs_dilation)])
     n, f = lhs.shape[:2]
     q, p = math.prod(kernel), math.prod(window.out_spatial)
-    taps = []
+    # slice once per position of the shorter loop; each slice walks the other one
     if q <= p:
-        for position in itertools.product(*(range(size) for size in kernel)):
-            start = [k * d for k, d in zip(position, window.rhs_dilation)]
-            limit = [s + (o - 1) * st + 1 for s, o, st in zip(start, window.out_spatial, window.strides)]
-            tap = b.slice(lhs, [0, 0, *start], [n, f, *limit], [1, 1, *window.strides])
-            taps.append(b.reshape(tap, (n, f, 1, p)))
-        return b.concatenate(taps, 2)
-    for position in itertools.product(*(range(size) for size in window.out_spatial)):
-        start = [x * st for x, st in zip(position, window.strides)]
-        limit = [s + (k - 1) * d + 1 for s, k, d in zip(start, kernel, window.rhs_dilation)]
-        tap = b.slice(lhs, [0, 0, *start], [n, f, *limit], [1, 1, *window.rhs_dilation])
-        taps.append(b.reshape(tap, (n, f, q, 1)))
-    return b.concatenate(taps, 3)
+        outer, outer_step, inner, inner_step, axis = kernel, window.rhs_dilation, window.out_spatial, window.strides, 2
+    else:
+        outer, outer_step, inner, inner_step, axis = window.out_spatial, window.strides, kernel, window.rhs_dilation, 3
+    tap_shape = (n, f, 1, p) if axis == 2 else (n, f, q, 1)
+    taps = []
+    for position in itertools.product(*(range(size) for size in outer)):
+        start = [x * step for x, step in zip(position, outer_step)]
+        limit = [s + (m - 1) * step + 1 for s, m, step in zip(start, inner, inner_step)]
+        taps.append(b.reshape(b.slice(lhs, [0, 0, *start], [n, f, *limit], [1, 1, *inner_step]), tap_shape))
+    return b.concatenate(taps, axis)
 
 
 def _reverse(L: NodeLowering, x: Value, dims: Sequence[int]) -> Value:
