@@ -97,13 +97,39 @@ def test_flush_triggers(trigger, reason):
     torch.testing.assert_close(y.cpu(), x.cpu() * 3 - 1)
 
 
-def test_end_of_backward_flushes_forward_and_backward_as_one_program():
+def test_forward_backward_and_optimizer_step_run_as_one_program():
+    """backward() records into the forward's graph and leaves it pending: the SGD update
+    after it fuses into the same program, run once at synchronize."""
     w = torch.randn(6, 3, device="tpu", requires_grad=True)
     x = torch.randn(5, 6, device="tpu")
+    opt = torch.optim.SGD([w], lr=0.5)
+    wc = w.detach().cpu().requires_grad_()
     with torchtpu.eager_mode("defer_and_fuse"):
         torchtpu.metrics.reset()
         (x @ w).tanh().sum().backward()
+        assert deferred.pending_ops() > 0
+        opt.step()
+        torch.tpu.synchronize()
         assert deferred.pending_ops() == 0
+        assert _flushes() == {"synchronize": 1}
+        assert torchtpu.metrics.snapshot()["executions"] == 1
+    (x.cpu() @ wc).tanh().sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), wc.grad)
+    torch.testing.assert_close(w.detach().cpu(), wc.detach() - 0.5 * wc.grad)
+
+
+def test_backward_recorded_into_its_own_graph_runs_when_it_ends():
+    """When nothing backward reads is pending (the forward ran, the gradient seed is given),
+    the autograd engine records into a graph of its own thread, which nothing else would
+    run: it runs when backward() ends."""
+    w = torch.randn(6, 3, device="tpu", requires_grad=True)
+    x = torch.randn(5, 6, device="tpu")
+    seed = torch.ones((), device="tpu")
+    with torchtpu.eager_mode("defer_and_fuse"):
+        loss = (x @ w).tanh().sum()
+        loss.item()
+        torchtpu.metrics.reset()
+        loss.backward(seed)
         assert _flushes() == {"backward": 1}
         assert torchtpu.metrics.snapshot()["executions"] == 1
     wc = w.detach().cpu().requires_grad_()

@@ -189,10 +189,11 @@ def _(mo):
     The same loop inside `torchtpu.eager_mode("defer_and_fuse")`. Ops are recorded
     instead of run; the pending graph is compiled and run as one fused program when a
     value is needed (`.item()`, `.cpu()`, printing, a data-dependent branch, a
-    collective), at `torch.tpu.synchronize()`, at the end of `backward()` (forward and
-    backward fuse into one program), when a repeated op sequence starts again, or at a
-    size cap. Graphs are cached by structure, so the loop compiles in its first steps
-    and then never. `flushes_by_reason` in the metrics says why each graph ran.
+    collective), at `torch.tpu.synchronize()`, when a repeated op sequence starts again,
+    or at a size cap. `backward()` records into the forward's graph and leaves it
+    pending, so forward, backward and the optimizer update fuse into one program. Graphs
+    are cached by structure, so the loop compiles in its first steps and then never.
+    `flushes_by_reason` in the metrics says why each graph ran.
     """)
     return
 
@@ -222,7 +223,7 @@ def _(
         "Counter deltas of the first three steps: "
         + ", ".join(f"`{s}`" for s in defer_run["per_step"][:3])
         + f"; of the last step: `{defer_run['per_step'][-1]}`. "
-        + "(`backward`: the end of the backward pass; `synchronize`: our `torch.tpu.synchronize()`.)"
+        + "(`synchronize`: our `torch.tpu.synchronize()`.)"
     )
     return (defer_run,)
 

@@ -278,10 +278,9 @@ def _(mo):
     ## DeferAndFuse under torch.profiler
 
     Under DeferAndFuse the ops are recorded and the pending graph runs as one program:
-    each run is a `torchtpu::flush (<reason>)` span (here `backward`: the end of the
-    backward pass), with the fused graph's compile and execute inside it. Three steps
-    compile two programs (step 1's graph, then the graph that starts with step 1's
-    optimizer update) and run one per step.
+    each run is a `torchtpu::flush (<reason>)` span (here `item`: the loss read at the
+    end of each step), with the fused graph's compile and execute inside it. Forward,
+    backward and the optimizer update are one graph: three steps run three programs.
     """)
     return
 
@@ -291,9 +290,9 @@ def _(OUT, assert_losses, cpu_losses, profiled_steps, span_counts, torchtpu_rows
     defer_prof, _losses = profiled_steps("defer_and_fuse", OUT["defer_and_fuse"])
     assert_losses(_losses, cpu_losses(OUT["defer_and_fuse"]))
     defer_counts = span_counts(defer_prof)
-    for _name in ("torchtpu::flush (backward)", "torchtpu::compile (compiled)", "torchtpu::execute", "torchtpu::h2d"):
+    for _name in ("torchtpu::flush (item)", "torchtpu::compile (compiled)", "torchtpu::execute", "torchtpu::h2d"):
         assert _name in defer_counts, (_name, defer_counts)
-    assert defer_counts["torchtpu::flush (backward)"] == 3  # one fused program per step
+    assert defer_counts["torchtpu::flush (item)"] == 3  # one fused program per step
     assert defer_counts["torchtpu::execute"] == 3, defer_counts
     print(torchtpu_rows(defer_prof).table(sort_by="cpu_time_total", row_limit=20))
     return (defer_counts,)
@@ -389,7 +388,12 @@ def _(ProfilerActivity, profile, torch, torchtpu, torchtpu_rows):
             _out = _y.cpu()
     finally:
         torchtpu.profiler.device_timing(False)
-    torch.testing.assert_close(_out, torch.tanh(_cpu @ _cpu) * 2)
+    # a 256-term float32 sum differs between summation orders (XLA's and the CPU's BLAS), so
+    # the check is against float64 within the dot's rounding-error bound, 256 * eps * (|x| @ |x|)
+    # (tanh changes an error by at most its own size; * 2 doubles it)
+    _exact = torch.tanh(_cpu.double() @ _cpu.double()) * 2
+    _bound = 2 * 256 * torch.finfo(torch.float32).eps * (_cpu.abs() @ _cpu.abs()).double() + 1e-6
+    assert ((_out.double() - _exact).abs() <= _bound).all()
     _counts = {e.key: e.count for e in _prof.key_averages()}
     assert _counts["torchtpu::device_wait"] == _counts["torchtpu::execute"] == 3, _counts  # mm, tanh, mul
     print(torchtpu_rows(_prof).table(sort_by="cpu_time_total", row_limit=10))
@@ -496,9 +500,12 @@ def _(OUT, make_data, make_mlp, torch, torchtpu, train_step):
     _snap = torchtpu.metrics.snapshot()
 
     assert _snap["host_syncs_by_cause"] == {".item()": 1, "aten::nonzero (data-dependent shape)": 1}, _snap
-    # x and y (float32), and the mask's indices (int64), which the host learned from nonzero
+    # x and y (float32), and the mask's indices (int64), which the host learned from nonzero:
+    # they go up in a storage of 512 rows (the smallest size bucket), so that the ops that
+    # read them compile once per bucket, not once per count (docs/compile.md, bounded dynamism)
     _n_positive = int((_model[0].bias.detach().cpu() > 0).sum())
-    assert _snap["h2d_bytes"] == (_xc.numel() + _yc.numel()) * 4 + _n_positive * 8, _snap
+    assert 0 < _n_positive <= 512
+    assert _snap["h2d_bytes"] == (_xc.numel() + _yc.numel()) * 4 + 512 * 8, _snap
     assert _snap["executions"] > 10
     for _row in ("compiles", "executions", "h2d_bytes", "host syncs: .item()", "host syncs: aten::nonzero"):
         assert _row in _text, _row

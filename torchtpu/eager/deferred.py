@@ -8,7 +8,10 @@ the hot path. Output tensors are ordinary tpu tensors whose storage cells are *l
 - a value is needed: anything reading a lazy cell's buffer (``.cpu()``, ``.item()``,
   ``.tolist()``, print, ``torch.save``, ``bool(t)``, a collective, a host-synced op);
 - the user waits: ``torch.tpu.synchronize()``, leaving the mode;
-- ``backward()`` ends (a callback queued on the autograd engine);
+- ``backward()`` ends, when the autograd engine recorded into a graph of its own (a
+  callback queued on the engine). Usually it records into the graph of the forward pass
+  instead (:func:`_join_forward_graph`), and that graph goes on: the optimizer step fuses
+  into the same program as forward and backward;
 - the op about to be recorded starts the same sequence again (a loop step repeats);
 - the graph reaches ``MAX_NODES`` ops, so programs stay compilable.
 
@@ -150,6 +153,7 @@ class Graph:
         self.written: dict[int, None] = {}  # slots created or overwritten (ordered set)
         self.keys: list[tuple] = []
         self.hooked_backward = -1
+        self.owner = threading.get_ident()  # the thread that records into it, unless joined
         self.group: tuple[int, ...] | None = None  # the ranks of its collectives, if any
         self.lock = threading.RLock()
         self.flushed = False
@@ -355,7 +359,11 @@ def _spec(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> _Spec:
 
 
 def _hook_backward(g: Graph) -> None:
-    """Inside ``backward()``, run the graph when the autograd engine finishes."""
+    """Inside ``backward()``, run a graph of the autograd engine's own thread when the engine
+    finishes: nothing else would. A forward graph it joined is left pending: the thread that
+    called ``backward()`` records the optimizer step into it next."""
+    if g.owner != threading.get_ident():
+        return
     task = torch._C._current_graph_task_id()
     if task == -1 or g.hooked_backward == task:
         return
