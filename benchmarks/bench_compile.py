@@ -13,7 +13,9 @@ Columns for the MLP:
   tpu compiled model   torch.compile(model, backend="tpu"); backward by AOTAutograd; SGD eager
   tpu compiled step    the whole step as ONE program: torch.func.grad_and_value + in-place SGD
                        update of the parameters (donated), torch.compile(fullgraph=True)
-  tpu stock step       torch.compile(step) around zero_grad/backward/opt.step (several programs)
+  tpu stock step       torch.compile(step) around zero_grad/backward/opt.step (several programs),
+                       and the same under torchtpu.eager_mode("defer_and_fuse"), where the graphs
+                       Dynamo splits the step into are recorded and run as one program
   JAX jit              the same MLP step under jax.jit: bench_jax.py beside this file, run by the
                        python given by --jax-python or JAX_PYTHON, else by this interpreter when it
                        can import jax (the project's ``[jax]`` extra installs jax==0.10.2), else
@@ -138,8 +140,14 @@ def mlp_whole_step_functional() -> dict:
     return timed(functional_step()[0], "tpu")
 
 
-def mlp_whole_step_stock() -> dict:
-    """torch.compile around the stock step: Dynamo splits it into several programs."""
+def mlp_whole_step_stock(eager_mode: str = "eager") -> dict:
+    """torch.compile around the stock step: Dynamo splits it into several programs, which
+    run one by one in eager mode and are recorded into one program under DeferAndFuse."""
+    with torchtpu.eager_mode(eager_mode):
+        return _stock_step()
+
+
+def _stock_step() -> dict:
     torch._dynamo.reset()
     model = make_mlp().to("tpu")
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -364,6 +372,7 @@ def main() -> None:
     res["tpu_compiled_step"] = mlp_whole_step_functional()
     m0 = torchtpu.metrics.snapshot()
     res["tpu_stock_step"] = mlp_whole_step_stock()
+    res["tpu_stock_step_defer"] = mlp_whole_step_stock("defer_and_fuse")
     res["tpu_metrics"] = m0
     res["jax_jit"] = jax_reference(jax_python(args.jax_python))
     res["cpu_eager"] = mlp_module_step("cpu", None)
@@ -386,6 +395,7 @@ def report(res: dict) -> None:
         ("tpu compiled model", res["tpu_compiled_model"]),
         ("tpu compiled step (1 prog)", res["tpu_compiled_step"]),
         ("tpu stock step compiled", res["tpu_stock_step"]),
+        ("  same, under DeferAndFuse", res.get("tpu_stock_step_defer")),
         ("CPU eager", res["cpu_eager"]),
         ("CPU inductor", res.get("cpu_inductor")),
     ]

@@ -65,6 +65,7 @@ class _Spec(NamedTuple):
     outputs: list  # OutputSpec per new result; None for an absent one
     out_tree: Any  # pytree spec of the new results; None: a flat list
     updates: list[int]  # call slots the op rewrites
+    buffer_shapes: list  # per new result, its storage's buffer shape (strided.buffer_shape); None for an absent one
 
 
 class _Compiled:
@@ -223,7 +224,7 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
     spec = _SPECS.get(key)
     if spec is None:
         spec = _SPECS[key] = _spec(plan, values, call, key)
-    specs, out_tree, updates = spec.outputs, spec.out_tree, spec.updates
+    specs, out_tree, updates, shapes = spec.outputs, spec.out_tree, spec.updates, spec.buffer_shapes
     gslots = tuple(g.slot(c) for c in call.cells)
     lvalues = [
         None if k == KIND_TENSOR_LIST or (k == KIND_TENSOR and isinstance(v, torch.Tensor)) else v
@@ -243,7 +244,7 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
         if s is None:
             new.append(None)
             continue
-        cell, idx = g.new_cell(s[3], s[2], buffer_shape(s[0], s[1], s[3]) if padded is None else None)
+        cell, idx = g.new_cell(s[3], s[2], shapes[i] if padded is None else None)
         node.out_gslots.append(idx)
         new.append(new_tensor(cell, s[0], s[1], 0, s[2]) if padded is None else padded.result(cell, s, padded.out_dims[i]))
     for slot in updates:
@@ -355,7 +356,8 @@ def _spec(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> _Spec:
     pb, low = lower_single(plan, values, call)
     if pb.ctx.checks:
         _CHECKED.add(key)
-    return _Spec(low.specs, None if low.simple else low.out_tree, list(low.updates))
+    shapes = [None if s is None else buffer_shape(s[0], s[1], s[3]) for s in low.specs]
+    return _Spec(low.specs, None if low.simple else low.out_tree, list(low.updates), shapes)
 
 
 def _hook_backward(g: Graph) -> None:
