@@ -52,7 +52,15 @@ MAX_NODES = 4096  # flush before a graph grows past this many ops
 MIN_REPEAT = 8  # a repeated first op only ends a graph at least this long
 
 _epochs = itertools.count(1)
-_local = threading.local()
+
+
+class _ThreadGraph(threading.local):
+    # a class default: a thread that never recorded reads None without the AttributeError
+    # that ``getattr(local, name, None)`` raises and catches inside (once per op and sync)
+    graph: Graph | None = None
+
+
+_local = _ThreadGraph()
 _SPECS = BoundedCache("DeferAndFuse op specs")  # op key -> _Spec
 _GRAPHS = BoundedCache("DeferAndFuse graphs")  # graph key -> _Compiled
 
@@ -193,7 +201,7 @@ class Graph:
 
 
 def _graph() -> Graph:
-    g = getattr(_local, "graph", None)
+    g = _local.graph
     if g is None or g.flushed:
         g = _local.graph = Graph()
     return g
@@ -381,7 +389,7 @@ _CHECKED: set[tuple] = set()  # op keys whose lowering reports device-side check
 
 def flush(reason: str = "explicit") -> None:
     """Run this thread's pending graph (no-op when nothing is pending)."""
-    g = getattr(_local, "graph", None)
+    g = _local.graph
     if g is not None and not g.flushed and g.nodes:
         _flush_graph(g, reason)
 
@@ -389,13 +397,13 @@ def flush(reason: str = "explicit") -> None:
 def flush_readers(cells: Sequence[Cell]) -> None:
     """Run this thread's pending graph if it reads one of ``cells``: a program run outside
     it is about to donate their buffers, which the graph still holds as inputs."""
-    g = getattr(_local, "graph", None)
+    g = _local.graph
     if g is not None and not g.flushed and any(c.gslot is not None and c.gslot[0] == g.epoch for c in cells):
         _flush_graph(g, "donation")
 
 
 def pending_ops() -> int:
-    g = getattr(_local, "graph", None)
+    g = _local.graph
     return 0 if g is None or g.flushed else len(g.nodes)
 
 
@@ -404,7 +412,7 @@ def _flush_graph(g: Graph, reason: str) -> None:
         if g.flushed:
             return
         g.flushed = True
-        if getattr(_local, "graph", None) is g:
+        if _local.graph is g:
             _local.graph = None
         if not g.nodes:
             return

@@ -30,14 +30,20 @@ def _from_env() -> str:
 
 
 _default = _from_env()
-_local = threading.local()
+
+
+class _ThreadMode(threading.local):
+    mode: str | None = None  # a class default: reading it on a new thread raises nothing
+
+
+_local = _ThreadMode()
 
 
 _outer_context: list[str] = []  # modes of open eager_mode() contexts, any thread
 
 
 def current() -> str:
-    mode = getattr(_local, "mode", None)
+    mode = _local.mode
     if mode is not None:
         return mode
     # The autograd engine runs backward on its own device thread: it follows the
@@ -81,7 +87,7 @@ def eager_mode(mode: str) -> Iterator[None]:
     mode = _check(mode)
     old = current()
     _leave(old, mode)
-    saved = getattr(_local, "mode", None)
+    saved = _local.mode
     _local.mode = mode
     _outer_context.append(mode)
     try:

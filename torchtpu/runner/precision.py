@@ -40,7 +40,12 @@ class Precision(enum.Enum):
 _FROM_TORCH = {"medium": Precision.DEFAULT, "high": Precision.HIGH, "highest": Precision.HIGHEST}
 _COST = {Precision.HIGH: "~3x", Precision.HIGHEST: "~6x"}
 
-_local = threading.local()
+
+class _ThreadPrecision(threading.local):
+    stack: list | None = None  # a class default: reading it on a new thread raises nothing
+
+
+_local = _ThreadPrecision()
 _user_global: Precision | None = None
 _warned: set[Precision] = set()
 
@@ -72,7 +77,7 @@ def _warn_cost(p: Precision) -> None:
 def current() -> str:
     """The StableHLO precision name ("DEFAULT", "HIGH" or "HIGHEST") in effect on this thread."""
     # called once per op: ``_value_`` is the plain attribute behind Enum's ``value`` property
-    stack = getattr(_local, "stack", None)
+    stack = _local.stack
     if stack:
         return stack[-1]._value_
     return "DEFAULT" if _user_global is None else _user_global._value_
@@ -83,7 +88,7 @@ def precision(value: str | Precision) -> Iterator[None]:
     """Thread-local matmul/convolution precision: ``with torch.tpu.precision("high"): ...``."""
     p = _parse(value)
     _warn_cost(p)
-    stack = getattr(_local, "stack", None)
+    stack = _local.stack
     if stack is None:
         stack = _local.stack = []
     stack.append(p)
