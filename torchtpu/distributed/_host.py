@@ -84,6 +84,10 @@ class Whole:
         """Make ``host`` (flat, same dtype) the storage's new buffer: every alias sees it."""
         arr = host.view(torch.int16).numpy() if host.dtype is torch.bfloat16 else host.numpy()
         arr = arr.view(numpy_dtype(self.cell.dtype)).reshape(self.cell.shape)
+        # a copy on purpose: a buffer aliasing host memory (PjRT's zero-copy put) cannot be
+        # donated, so every later in-place write into the storage (DDP's bucket fill: one
+        # program per gradient) would copy the whole buffer -- measured: DDP's host step
+        # 23 ms with this copy, 35-39 ms without it, though a lone 64 MB all_reduce gains 9 ms
         self.cell.set(pjrt.get().put(arr))
 
 
