@@ -21,6 +21,10 @@ it, and its work is complete at once, as later reads of the tensors follow it in
 Every other collective runs the graph first. So does every host exchange (the cross-rank
 check, CPU tensors, split sizes): a rank blocked on the host while its graph still holds
 a collective could hold back a peer that waits on the device for that collective.
+``barrier`` runs the graph and waits by design: it is a rendezvous of the hosts (NCCL's
+returns only once every rank reached it), which a recorded program cannot be. ``send``
+is not recorded either: a recorded send would only start when the sender's graph next
+runs, while a peer may already wait for it; NCCL's send starts at once.
 """
 
 from __future__ import annotations
