@@ -86,3 +86,24 @@ def test_an_evicted_program_is_rebuilt_with_the_same_result(small_caches: None) 
     for n in range(1, 2 * LIMIT):  # push x * 5's program out of every cache
         (torch.ones(n, device="tpu") * 5).cpu()
     torch.testing.assert_close((x * 5).cpu(), first)
+
+
+def test_executables_are_dropped_before_the_process_runs_out_of_memory_maps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each XLA CPU executable maps its code in 10-20 memory regions: 4096 of them can pass
+    Linux's vm.max_map_count, after which XLA cannot map new code and the process dies. Near
+    the limit (here a limit just above what the process already uses) the least recently
+    used executables are dropped, the map count falls, and programs still give the CPU's
+    values (rebuilt when needed)."""
+    used = cache.map_count()
+    if used is None:
+        pytest.skip("no /proc/self/maps on this system")
+    monkeypatch.setattr(cache, "MAP_CHECK_EVERY", 1)
+    monkeypatch.setattr(cache, "max_map_count", lambda: int(used / cache.MAP_HIGH) + 200)
+    before = torchtpu.metrics.snapshot().get("map_pressure_evictions", 0)
+    live = []
+    for n in range(1, 41):  # 40 new shapes: about 80 new executables
+        x = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3)
+        live.append(cache.map_count())
+        torch.testing.assert_close((x.to("tpu").tanh() * 2).cpu(), x.tanh() * 2)
+    assert torchtpu.metrics.snapshot()["map_pressure_evictions"] > before
+    assert max(live) < used + 250  # without the check: about 500 more by the end

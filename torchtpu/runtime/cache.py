@@ -30,11 +30,21 @@ _MAGIC = b"TTPUXEX1"
 _HEADER = struct.Struct("<8s32sQ")  # magic, sha256(payload), payload length
 _LOCK_WAIT_S = 120.0  # how long to wait for another process compiling the same program
 
-# Live executables, least recently used first. Each XLA CPU executable maps ~3 memory
-# regions; a process that compiles tens of thousands of programs (many shapes) would hit
-# the kernel's vm.max_map_count and crash inside XLA, so the oldest are dropped beyond a
-# limit (they come back from the disk cache, or are recompiled, when needed again).
+# Live executables, least recently used first. The oldest are dropped beyond
+# TORCHTPU_MAX_EXECUTABLES, and also when the process nears the kernel's limit on memory
+# maps (``_relieve_map_pressure``); a dropped one comes back from the disk cache, or is
+# compiled again, when needed.
 _memory: OrderedDict[str, Any] = OrderedDict()
+
+# Each XLA CPU executable maps its code in about 10 memory regions (a single op) to 20 (a
+# fused graph of a model's step), measured on jaxlib 0.10.2. 4096 of them can pass Linux's
+# default vm.max_map_count (65530): XLA's next compile then fails to map its code and the
+# process dies (seen running the model zoo under DeferAndFuse). So every MAP_CHECK_EVERY new
+# executables the map count is read, and above MAP_HIGH of the limit the least recently
+# used executables go until the estimate is under MAP_LOW.
+MAP_CHECK_EVERY = 64
+MAP_HIGH, MAP_LOW = 0.5, 0.35
+_since_map_check = 0
 
 
 def cache_dir() -> Path | None:
@@ -78,11 +88,49 @@ def compile_keyed(text: str, what: str) -> tuple[str, Any]:
     directory = cache_dir()
     exe = _load_or_compile(directory, key, text, what) if directory is not None else _compile_now(text, what)
     _memory[key] = exe
-    limit = int(config.get("TORCHTPU_MAX_EXECUTABLES"))
-    while len(_memory) > limit:
+    _evict_beyond(int(config.get("TORCHTPU_MAX_EXECUTABLES")))
+    _relieve_map_pressure()
+    return key, exe
+
+
+def _evict_beyond(limit: int) -> None:
+    """Drop the least recently used executables until at most ``limit`` are live."""
+    while len(_memory) > max(limit, 1):
         pjrt.get().forget(_memory.popitem(last=False)[1])
         metrics.add("executables_evicted")
-    return key, exe
+
+
+def map_count() -> int | None:
+    """Memory maps of this process (Linux; None elsewhere)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def max_map_count() -> int | None:
+    """The kernel's limit on a process's memory maps (Linux; None elsewhere)."""
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _relieve_map_pressure() -> None:
+    """Every MAP_CHECK_EVERY new executables: above MAP_HIGH of the map limit, drop the
+    least recently used executables in proportion, down to about MAP_LOW of it."""
+    global _since_map_check
+    _since_map_check += 1
+    if _since_map_check < MAP_CHECK_EVERY:
+        return
+    _since_map_check = 0
+    used, limit = map_count(), max_map_count()
+    if used is None or not limit or used <= MAP_HIGH * limit:
+        return
+    keep = int(len(_memory) * MAP_LOW * limit / used)  # maps scale with live executables
+    metrics.add("map_pressure_evictions")
+    _evict_beyond(keep)
 
 
 def fetch(key: str, text: str, what: str) -> Any:
