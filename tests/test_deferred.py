@@ -455,3 +455,27 @@ def test_state_created_under_defer_keeps_its_shape_and_matches_cpu():
         buf = opts[1].state[pt]["momentum_buffer"]
         torch.testing.assert_close(buf.cpu(), opts[0].state[pc]["momentum_buffer"])
         assert cell_of(buf).shape == (tuple(pt.shape) if pt.dim() >= 2 else (pt.numel(),))
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [
+        lambda t: torch.nn.functional.avg_pool1d(t, 2, 2),
+        lambda t: torch.nn.functional.max_pool1d(t, 2, 2),
+        lambda t: torch.nn.functional.avg_pool1d(t, 3, 2),
+    ],
+    ids=["avg_pool1d", "max_pool1d", "avg_pool1d_k3"],
+)
+def test_pooling_a_transposed_view_matches_the_cpu(pool):
+    """SEW's encoder pools ``hidden.transpose(1, 2)``. PyTorch lays the result out
+    channels-last (its meta kernel reads the input's strides); the recorded call's key
+    normalizes a size-1 dimension's stride, which made the fused program lay the result out
+    row-major under the channels-last strides its tensor already had: every value out of
+    place (max error 4.0)."""
+    x = torch.randn(2, 39, 32)
+    want = pool(x.transpose(1, 2))
+    eager = pool(x.to("tpu").transpose(1, 2))  # the layout the eager op gives its result
+    with torchtpu.eager_mode("defer_and_fuse"):
+        got = pool(x.to("tpu").transpose(1, 2))
+        assert got.stride() == eager.stride()
+        torch.testing.assert_close(got.cpu(), want)

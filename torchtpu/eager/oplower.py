@@ -10,7 +10,7 @@ PyTorch's meta kernels chose) and the new value of every storage it writes in pl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -108,10 +108,13 @@ def lower_op(
     bases: list[Value],
     scalars: list[Any],
     dyn: Dynamic | None = None,
+    out_strides: Sequence[Sequence[int] | None] | None = None,
 ) -> Lowered:
     """Lower ``plan.op(*values)``; tensors in ``values`` may be real or meta tensors. A view
     with a nonzero storage offset takes its offset from ``scalars`` (an int64 operand, in
-    argument order, where ``dispatch._Call`` put it). ``dyn``: the call runs padded."""
+    argument order, where ``dispatch._Call`` put it). ``dyn``: the call runs padded.
+    ``out_strides``: per new result, the strides to lay it out in (those its tensor already
+    has); by default the meta kernel's for ``values``."""
     b = ctx.b
     geometry: dict[int, tuple] = {}
     scalar_iter = iter(scalars)
@@ -154,13 +157,14 @@ def lower_op(
     flat_new, out.out_tree = tree_flatten(results[: plan.n_plain])
     flat_new_meta, _ = tree_flatten(list(out_meta[: plan.n_plain]))
     out_dims = dyn.out_dims if dyn is not None else [None] * len(flat_new)
-    for v, m, d in zip(flat_new, flat_new_meta, out_dims):
+    layouts = out_strides if out_strides is not None else [None if m is None else m.stride() for m in flat_new_meta]
+    for v, m, d, layout in zip(flat_new, flat_new_meta, out_dims, layouts):
         if v is None or m is None:  # an optional output PyTorch also leaves out (e.g. no weight grad)
             out.specs.append(None)
             continue
         if d is not None:
             v = _static_dim(b, v, d)
-        flat, strides = flatten_for_strides(b, conform(ctx, v, m.dtype, tuple(m.shape)), m.stride())
+        flat, strides = flatten_for_strides(b, conform(ctx, v, m.dtype, tuple(m.shape)), layout)
         out.outputs.append(flat)
         out.specs.append(OutputSpec(tuple(m.shape), strides, m.dtype, flat.shape[0]))
 
