@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchtpu-installed
 
-.PHONY: demo test test-all test-ops test-models test-examples docs bench lint clean
+.PHONY: demo test test-all test-ops test-models test-models-defer test-examples docs bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ test-ops: $(STAMP)
 # prints the pass table and writes it to docs/models.md; fails on an unexpected result.
 test-models: $(STAMP)
 	cd tests && $(abspath $(PY)) models/report.py --markdown ../docs/models.md
+
+# The same zoo with the tpu side under DeferAndFuse (every model's forward, backward and
+# step recorded and run as fused graphs): prints the pass table; fails on an unexpected result.
+test-models-defer: $(STAMP)
+	cd tests && TORCHTPU_DEFER_AND_FUSE=1 $(abspath $(PY)) models/report.py
 
 # Every example (examples/<name>/) at --size tiny --compare, in every mode, against the CPU.
 test-examples: $(STAMP)
