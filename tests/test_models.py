@@ -1,7 +1,8 @@
 """The model zoo against the CPU: eval forward, every parameter's gradient and one SGD
 step (tests/models/compare.py). ``make test`` runs the cases marked fast with the
-library's default attention; ``make test-models`` runs every case and attention
-implementation and writes docs/models.md (tests/models/report.py)."""
+library's default attention, eager and under DeferAndFuse; ``make test-models`` runs every
+case and attention implementation and writes docs/models.md (tests/models/report.py), and
+``make test-models-defer`` runs them all under DeferAndFuse."""
 
 from __future__ import annotations
 
@@ -30,4 +31,19 @@ def test_model_matches_cpu(case, attn):
     if reason is not None:
         assert not result.passed, f"{case.name} now passes; remove its expected failure ({reason})"
         pytest.xfail(reason)
+    assert result.passed, result.failure()
+
+
+DEFER_CASES = [c for c in CASES if c.fast or c.name == "sew-ctc"]  # sew-ctc: a pooled transposed view
+
+
+@pytest.mark.parametrize("case", DEFER_CASES, ids=[c.name for c in DEFER_CASES])
+def test_model_matches_cpu_under_defer_and_fuse(case):
+    """The same comparison with the tpu side recorded and run as fused graphs (``make
+    test-models-defer`` runs every case): what fusing changes (program boundaries, layouts
+    rebuilt from recorded keys) must not change a value."""
+    import torchtpu
+
+    with torchtpu.eager_mode("defer_and_fuse"):
+        result = run_case(case, None)
     assert result.passed, result.failure()
