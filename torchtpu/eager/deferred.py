@@ -74,7 +74,6 @@ class _Spec(NamedTuple):
     out_tree: Any  # pytree spec of the new results; None: a flat list
     updates: list[int]  # call slots the op rewrites
     buffer_shapes: list  # per new result, its storage's buffer shape (strided.buffer_shape); None for an absent one
-    out_strides: list  # per new result, the strides its tensor was given; None for an absent one
 
 
 class _Compiled:
@@ -129,7 +128,7 @@ class _Node:
         "random",
         "where",
         "padded_key",
-        "out_strides",
+        "out_specs",
         "whole",
         "keep",
         "name",
@@ -145,7 +144,7 @@ class _Node:
         self.random = plan is not None and plan.random
         self.where = ""
         self.padded_key: tuple | None = None  # buckets.Padded.key of a call run padded
-        self.out_strides: list | None = None  # _Spec.out_strides: the layout its results must have
+        self.out_specs: list | None = None  # _Spec.outputs: the geometry its results' tensors were given
         self.whole: Collective | Inlined | None = None  # lowered whole, from the storages' values
         self.keep: tuple[Cell, ...] = ()  # a collective's written storages, alive until the flush
         self.name = plan.name if plan is not None else "flat append (torch.cat)"  # in errors
@@ -242,7 +241,7 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
         for k, v in zip(plan.kinds, values)
     ]
     node = _Node(plan, key, lvalues, gslots, call.scalar_types)
-    node.out_strides = spec.out_strides
+    node.out_specs = specs
     padded = call.padded
     if padded is not None:
         node.padded_key = padded.key
@@ -369,8 +368,7 @@ def _spec(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> _Spec:
     if pb.ctx.checks:
         _CHECKED.add(key)
     shapes = [None if s is None else buffer_shape(s[0], s[1], s[3]) for s in low.specs]
-    strides = [None if s is None else s[1] for s in low.specs]
-    return _Spec(low.specs, None if low.simple else low.out_tree, list(low.updates), shapes, strides)
+    return _Spec(low.specs, None if low.simple else low.out_tree, list(low.updates), shapes)
 
 
 def _hook_backward(g: Graph) -> None:
@@ -559,7 +557,8 @@ def _lower_node(ctx: Any, g: Graph, node: _Node, values: list[Any]) -> None:
     # the results' layout is the one their tensors got when recorded: the meta arguments carry
     # the key's strides, where a size-1 dimension's stride is normalized, and that can change
     # the memory format a meta kernel suggests (a pooled transposed view: channels-last or not)
-    low = lower_op(ctx, node.plan, args, slot_of, [values[s] for s in node.gslots], scalars, dyn, node.out_strides)
+    strides = [None if s is None else s[1] for s in node.out_specs]
+    low = lower_op(ctx, node.plan, args, slot_of, [values[s] for s in node.gslots], scalars, dyn, strides)
     for idx, v in zip(node.out_gslots, low.outputs):
         values[idx] = v
     for slot, v in low.updates.items():
