@@ -52,7 +52,9 @@ class ModelResult:
     family: str
     attn: str
     stages: dict[str, StageResult]
-    unsupported: str = ""  # this attention implementation does not exist for the model
+    # this attention implementation does not exist for the model, or (compiled) torch.compile
+    # cannot trace the model on the CPU either, so there is nothing of ours to compare
+    unsupported: str = ""
 
     @property
     def passed(self) -> bool:
@@ -166,7 +168,44 @@ def _float64_run(model: nn.Module, inputs: dict[str, Any], lr: float) -> dict[st
     return out
 
 
-def run_case(case: ModelCase, attn: str | None) -> ModelResult:
+def _compiled(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[nn.Module, Callable[[], Any]]:
+    """The tpu side under ``torch.compile(backend="tpu")``: the module's forward (so its
+    backward runs as the compiled graph's backward program) and the optimizer's step.
+    Dynamo's caches are reset first: the previous case's graphs of the same classes would
+    otherwise count against the recompile limit, past which Dynamo silently runs eager."""
+    torch._dynamo.reset()
+    return torch.compile(model, backend="tpu"), torch.compile(opt.step, backend="tpu")
+
+
+def _cpu_compile_error(case: ModelCase, attn: str | None) -> str:
+    """Why the model's forward and backward fail under ``torch.compile(backend="eager")``
+    on the CPU (Dynamo's tracing alone, no device of ours involved), or "" when they run."""
+    torch.manual_seed(0)
+    model = case.build(attn).float()
+    torch.manual_seed(1)
+    inputs = case.inputs()
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, backend="eager")
+        with torch.no_grad():
+            compiled.eval()(**inputs)
+        _loss(compiled.train(), inputs).backward()
+    except Exception as e:  # noqa: BLE001 - the message is the record
+        lines = str(e).strip().splitlines()
+        return f"torch.compile fails on the CPU too (backend='eager'): {type(e).__name__}: {lines[0][:200] if lines else ''}"
+    return ""
+
+
+def run_case(case: ModelCase, attn: str | None, compile: bool = False) -> ModelResult:
+    """``compile``: the tpu model's forward and its optimizer step run compiled; a failure
+    is then ours only if the model compiles on the CPU (``_cpu_compile_error``)."""
+    result = _run_case(case, attn, compile)
+    if compile and not result.passed and not result.unsupported:
+        result.unsupported = _cpu_compile_error(case, attn)
+    return result
+
+
+def _run_case(case: ModelCase, attn: str | None, compile: bool) -> ModelResult:
     result = ModelResult(case.name, case.family, attn or "default", {})
     torch.manual_seed(0)
     try:
@@ -182,6 +221,8 @@ def run_case(case: ModelCase, attn: str | None) -> ModelResult:
     initial = copy.deepcopy(cpu_model)  # the float64 arbiter starts from these weights
     tpu_model = copy.deepcopy(cpu_model).to("tpu")
     tpu_inputs = _to(inputs, "tpu")
+    tpu_opt = torch.optim.SGD(tpu_model.parameters(), lr=LR)
+    tpu_call, tpu_step = _compiled(tpu_model, tpu_opt) if compile else (tpu_model, tpu_opt.step)
 
     # 1. eval forward
     cpu_model.eval()
@@ -189,7 +230,7 @@ def run_case(case: ModelCase, attn: str | None) -> ModelResult:
     try:
         with torch.no_grad():
             expected = _float_outputs(cpu_model(**inputs))
-            actual = _float_outputs(tpu_model(**tpu_inputs))
+            actual = _float_outputs(tpu_call(**tpu_inputs))
         if len(expected) != len(actual):
             result.stages["forward"] = StageResult(False, f"{len(actual)} outputs vs CPU {len(expected)}")
         else:
@@ -201,12 +242,11 @@ def run_case(case: ModelCase, attn: str | None) -> ModelResult:
     cpu_model.train()
     tpu_model.train()
     cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=LR)
-    tpu_opt = torch.optim.SGD(tpu_model.parameters(), lr=LR)
     reference: dict[str, torch.Tensor] | None = None
     try:
         cpu_loss = _loss(cpu_model, inputs)
         cpu_loss.backward()
-        tpu_loss = _loss(tpu_model, tpu_inputs)
+        tpu_loss = _loss(tpu_call, tpu_inputs)
         tpu_loss.backward()
         named = list(zip(cpu_model.named_parameters(), tpu_model.parameters()))
         pairs = [("loss", tpu_loss, cpu_loss)]
@@ -227,7 +267,7 @@ def run_case(case: ModelCase, attn: str | None) -> ModelResult:
     # 3. one optimizer step
     try:
         cpu_opt.step()
-        tpu_opt.step()
+        tpu_step()
         pairs = [(name, p_tpu, p_cpu) for (name, p_cpu), p_tpu in zip(cpu_model.named_parameters(), tpu_model.parameters())]
         result.stages["step"] = _compare_all(pairs, GRAD_TOL)
         if not result.stages["step"].ok and (reference or (reference := _float64_run(initial, inputs, LR))) is not None:

@@ -106,11 +106,23 @@ class _Call:
 
     def __init__(self, args: list[Any]) -> None:
         self.args = args
-        self.host: list[tuple[int, torch.Tensor]] = []  # 0-d CPU tensors moved to the device
+        # CPU tensors the graph reads (a global moved with .to(device) inside the compiled
+        # code, a non-capturable optimizer's step count), uploaded for the program: (index, the CPU tensor)
+        self.host: list[tuple[int, torch.Tensor]] = []
         self.key: list[Any] = []
         self.cells: list[Cell] = []
         self.slot_of: dict[int, int] = {}
         self.scalars: list[Any] = []
+
+    def user_args(self) -> list[Any]:
+        """The arguments as the caller passed them (its CPU tensors, not their uploads):
+        what an output that returns an input, or a view of one, is made from."""
+        if not self.host:
+            return self.args
+        args = list(self.args)
+        for i, t in self.host:
+            args[i] = t
+        return args
 
     def without_tensors(self) -> _Call:
         """The call's geometry and Python arguments, without its tensors (a recorded
@@ -135,7 +147,7 @@ def _collect(args: list[Any], name: str) -> _Call:
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
             if a.device.type != "tpu":
-                if a.dim() != 0:
+                if a.device.type != "cpu":
                     raise TpuError(
                         f"torchtpu: argument {i} of compiled graph {name} is a {a.device} tensor of shape "
                         f"{tuple(a.shape)}; move it to the device with .to('tpu') before calling the compiled function"
@@ -263,6 +275,12 @@ def _static_dim(b: Any, v: Value, d: int) -> Value:
     return b.gather(v, idx, offset, [d], [d], 1, sizes, v.shape)
 
 
+def _on_host(node: Any) -> bool:
+    """Whether graph output ``node`` is a CPU tensor (its fake value's device)."""
+    meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(meta, torch.Tensor) and meta.device.type == "cpu"
+
+
 def _static(meta: Any) -> bool:
     from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
@@ -305,6 +323,9 @@ class CompiledGraph:
         nodes = list(gm.graph.nodes)
         self.placeholders = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
         self.output_args = list(nodes[-1].args[0]) if nodes and nodes[-1].op == "output" else []
+        # outputs on the CPU (``x.cpu()``, arithmetic on a CPU input): the program computes
+        # them with the rest, and they are copied to the host after it, as eager would return them
+        self.host_outputs = frozenset(i for i, n in enumerate(self.output_args) if _on_host(n))
         GRAPHS.add(self)
 
     def __call__(self, args: list[Any]) -> list[Any]:
@@ -319,7 +340,7 @@ class CompiledGraph:
         if lengths is not None:
             call.scalars.extend(device_scalar(n, int, np.int32) for n in lengths)
         key = tuple(call.key)
-        if lengths is None and self.replicas is None and not call.host and deferred.deferring():
+        if lengths is None and self.replicas is None and not call.host and not self.host_outputs and deferred.deferring():
             return self._record(key, call)
         prog = self.programs.get(key)
         if prog is None:
@@ -389,7 +410,7 @@ class CompiledGraph:
     # -- running -----------------------------------------------------------------------------
     def _run(self, prog: Program, call: _Call) -> list[Any]:
         if prog.storage is None:
-            return self._results(prog.outputs, call.args, iter(()))
+            return self._results(prog.outputs, call.user_args(), iter(()))
         if prog.storage.updates:  # their old buffers are donated: a pending graph reading them runs first
             deferred.flush_readers([call.cells[slot] for slot in prog.storage.updates])
         inputs = [c.buf for c in call.cells if c.buf is not None]
@@ -398,13 +419,17 @@ class CompiledGraph:
             inputs.append(rng.reserve_state_buffer(prog.n_random))
         outs = execute(prog.storage, inputs, f"compiled graph {self.name}")
         new = write_back(prog.storage, call.cells, outs)
-        for i, host in call.host:  # a mutated CPU scalar (e.g. a non-capturable optimizer step count)
+        for i, host in call.host:  # a mutated CPU input (e.g. a non-capturable optimizer step count)
             if call.slot_of[id(cell_of(call.args[i]))] in prog.storage.updates:
                 host.copy_(call.args[i])
         fresh = [s for s in prog.outputs if s[0] == "new"]
         shapes = [shape for shape, _ in prog.storage.result_types[: len(fresh)]]
         cells = (Cell(s[4], s[3], buf, shape) for s, buf, shape in zip(fresh, new, shapes))
-        return self._results(prog.outputs, call.args, cells)
+        results = self._results(prog.outputs, call.user_args(), cells)
+        for i in self.host_outputs:
+            if prog.outputs[i][0] == "new":
+                results[i] = results[i].cpu()
+        return results
 
     @staticmethod
     def _results(specs: list[tuple], args: list[Any], cells: Iterator[Cell]) -> list[Any]:

@@ -162,8 +162,10 @@ class Builder:
     def constant_array(self, array: np.ndarray, dtype: torch.dtype) -> Value:
         """A non-splat constant from a numpy array (raw little-endian hex data)."""
         arr = np.ascontiguousarray(np.asarray(array, dtype=numpy_dtype(dtype)))
-        if dtype is torch.bool or arr.size == 0:
-            raise ValueError("constant_array: bool and empty arrays are not supported")
+        if arr.size == 0:  # nothing to spell out: a splat of no elements
+            return self.constant(0, dtype, arr.shape)
+        if dtype is torch.bool:  # i1 has no byte layout in hex form: spell it as u8, then convert
+            return self.convert(self.constant_array(arr.astype(np.uint8), torch.uint8), torch.bool)
         t = tensor_type(arr.shape, dtype)
         return self.op1("stablehlo.constant", [], arr.shape, dtype, f'value = dense<"0x{arr.tobytes().hex().upper()}"> : {t}')
 
