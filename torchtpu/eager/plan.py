@@ -160,7 +160,7 @@ class OpPlan:
         metas = [_meta(v) for v in values]
         fargs, fkwargs = self.functional_args(metas)
         try:
-            out = self.functional(*fargs, **fkwargs)
+            out = registry.META.get(self.functional, self.functional)(*fargs, **fkwargs)
         except Exception:
             from .validate import arguments  # the CPU's own message where its kernel words the refusal differently
 

@@ -264,7 +264,7 @@ def infer_meta(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     mkwargs = tree_map(meta_of, kwargs)
     if mkwargs.get("device") is not None:  # _to_copy(x, device="tpu") of a meta value would copy data
         mkwargs = {**mkwargs, "device": "meta"}
-    return op(*margs, **mkwargs)
+    return registry.META.get(op, op)(*margs, **mkwargs)
 
 
 def lower_call(ctx: ProgramContext, op: Any, args: Sequence[Any], kwargs: dict[str, Any], out_meta: Any) -> Any:

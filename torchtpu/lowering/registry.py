@@ -55,6 +55,49 @@ def register(
     return deco
 
 
+# Ops whose output metadata comes from a function of ours instead of PyTorch's Meta kernel,
+# because that kernel refuses calls every real kernel runs (it mirrors one CUDA fast path).
+# Eager mode computes its results' metadata with it, and torch.compile's fake tensors on
+# the tpu device use it (``_fake_impl``); other devices keep PyTorch's kernel.
+META: dict[torch._ops.OpOverload, Rule] = {}
+
+
+def register_meta(*ops: torch._ops.OpOverload) -> Callable[[Rule], Rule]:
+    """``meta(*args, **kwargs)`` gives ``op``'s results for meta or fake tensor arguments."""
+
+    def deco(meta: Rule) -> Rule:
+        for op in ops:
+            META[op] = meta
+        _install_fake_impl()
+        return meta
+
+    return deco
+
+
+_fake_impl_installed = False
+
+
+def _install_fake_impl() -> None:
+    global _fake_impl_installed
+    if _fake_impl_installed:
+        return
+    from torch._subclasses.fake_impls import register_op_impl
+
+    register_op_impl(lambda func: func in META)(_fake_impl)
+    _fake_impl_installed = True
+
+
+def _fake_impl(fake_mode: Any, func: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    """A fake tensor call of a ``META`` op: ours on tpu tensors, PyTorch's elsewhere."""
+    from torch.utils._pytree import tree_leaves
+
+    device = torch._C._get_privateuse1_backend_name()
+    if not any(isinstance(a, torch.Tensor) and a.device.type == device for a in tree_leaves((args, kwargs))):
+        return NotImplemented
+    with fake_mode:
+        return META[func](*args, **kwargs)
+
+
 def has_rule(op: torch._ops.OpOverload) -> bool:
     return op in RULES
 

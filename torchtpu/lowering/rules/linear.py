@@ -9,7 +9,7 @@ import torch
 
 from ...stablehlo.builder import Value
 from ..context import NodeLowering
-from ..registry import register
+from ..registry import register, register_meta
 
 aten = torch.ops.aten
 
@@ -177,3 +177,77 @@ def linear_nd(L: NodeLowering, x: Value, weight: Value, bias: Value | None = Non
 def contract_leading(L: NodeLowering, a: Value, b: Value) -> Value:
     lead = list(range(a.rank - 1))
     return dot(L, a, b, lead, lead)
+
+
+# -- grouped matrix products (mixtures of experts) ---------------------------------------------
+@register_meta(aten._grouped_mm.default)
+def grouped_mm_meta(
+    a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None, bias: torch.Tensor | None = None, out_dtype: Any = None
+) -> torch.Tensor:
+    """``_grouped_mm``'s result: PyTorch's Meta kernel demands bfloat16 (the CUDA fast
+    path's dtype), but the CPU kernel and CUDA's fallback take every floating dtype, and
+    transformers calls it with float32 on tpu under torch.compile (its MoE experts)."""
+    torch._check(a.dim() in (2, 3) and b.dim() in (2, 3), lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={a.dim()} and mat_b.dim()={b.dim()}")
+    torch._check(a.dtype == b.dtype, lambda: f"Expected mat_a and mat_b of the same dtype, got {a.dtype} and {b.dtype}")
+    torch._check(a.dtype.is_floating_point, lambda: f"Expected floating point inputs, got {a.dtype}")
+    torch._check(a.size(-1) == b.size(-2), lambda: "contraction dimension of mat_a and mat_b must match")
+    ragged = a.dim() == 2 or b.dim() == 2
+    torch._check((offs is not None) == ragged, lambda: "Offsets tensor must be given exactly when a multiplicand is 2D")
+    if offs is not None:
+        torch._check(offs.dim() == 1 and offs.dtype == torch.int32, lambda: f"Offsets tensor must be a 1D int32 tensor, got {offs.dtype}")
+    torch._check(bias is None, lambda: "Bias tensor provided, but it is not supported yet.")
+    torch._check(out_dtype in (None, a.dtype), lambda: f"out_dtype {out_dtype} differs from the inputs' {a.dtype}")
+    if a.dim() == 2 and b.dim() == 2:  # groups along the contraction: one product per group
+        size = (offs.size(0), a.size(0), b.size(1))
+    elif a.dim() == 2:  # groups of rows of a, each times its matrix of b
+        torch._check(offs.size(0) == b.size(0), lambda: "matrix batch sizes have to match")
+        size = (a.size(0), b.size(-1))
+    elif b.dim() == 2:  # groups of columns of b, each times its matrix of a
+        torch._check(offs.size(0) == a.size(0), lambda: "matrix batch sizes have to match")
+        size = (a.size(1), b.size(1))
+    else:
+        torch._check(a.size(0) == b.size(0), lambda: "batched dimension has to match")
+        size = (a.size(0), a.size(1), b.size(-1))
+    return a.new_empty(size)
+
+
+def _group_masks(L: NodeLowering, offs: Value, length: int) -> Value:
+    """(groups, length) bool: position p of the ragged dimension belongs to group g when
+    ``offs[g-1] <= p < offs[g]`` (``offs`` holds each group's end; the first starts at 0).
+    Positions past the last end belong to no group and give zeros."""
+    b = L.b
+    groups = offs.shape[0]
+    ends = L.to(offs, torch.int32)
+    starts = b.concatenate([b.constant(0, torch.int32, (1,)), b.slice(ends, [0], [groups - 1])], 0) if groups > 1 else b.constant(0, torch.int32, (1,))
+    pos = b.iota((groups, length), 1, torch.int32)
+    lo = b.broadcast_in_dim(starts, (groups, length), [0])
+    hi = b.broadcast_in_dim(ends, (groups, length), [0])
+    return b.binary("and", b.compare(pos, lo, "GE"), b.compare(pos, hi, "LT"))
+
+
+def _masked(L: NodeLowering, x: Value, masks: Value, ragged_dim: int) -> Value:
+    """(groups, *x.shape): x with the positions outside each group zeroed."""
+    b = L.b
+    shape = (masks.shape[0], *x.shape)
+    keep = b.broadcast_in_dim(masks, shape, [0, 1 + ragged_dim])
+    return b.select(keep, b.broadcast_in_dim(x, shape, list(range(1, x.rank + 1))), L.zeros(shape, x.dtype))
+
+
+@register(aten._grouped_mm.default)
+def grouped_mm(L: NodeLowering, a: Value, b: Value, offs: Value | None = None, bias: Any = None, out_dtype: Any = None) -> Value:
+    """Each group's product as one dense product over masked operands: the operand with
+    the ragged dimension is replicated per group with the other groups' positions zeroed,
+    and the group axis is contracted (or kept, for groups along the contraction). Adding
+    exact zeros changes no sum, so every result is its group's own product; the cost is
+    groups x one product (XLA's ragged dot, native on TPU, is not available on its CPU).
+    """
+    if a.rank == 3 and b.rank == 3:
+        return dot(L, a, b, [2], [1], [0], [0])
+    if a.rank == 2 and b.rank == 3:  # rows of a in groups: out[r] = a[r] @ b[group(r)]
+        masked = _masked(L, a, _group_masks(L, offs, a.shape[0]), 0)  # (G, rows, k)
+        return dot(L, masked, b, [0, 2], [0, 1])
+    if a.rank == 3:  # columns of b in groups: out[:, c] = a[group(c)] @ b[:, c]
+        masked = _masked(L, b, _group_masks(L, offs, b.shape[1]), 1)  # (G, k, cols)
+        return dot(L, a, masked, [0, 2], [0, 1])
+    masked = _masked(L, a, _group_masks(L, offs, a.shape[1]), 1)  # (G, m, k): the contraction in groups
+    return dot(L, masked, b, [2], [0])
