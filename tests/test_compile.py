@@ -397,3 +397,20 @@ def test_outputs_that_are_views_of_inputs_alias_them_and_run_no_program() -> Non
     d[0] = 10.0
     v[1, 0] = 20.0
     assert x.cpu().tolist() == [10.0, 20.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_view_outputs_with_a_dynamic_length_in_their_sizes() -> None:
+    """``x.view(-1, d)`` of an input once the length is dynamic: the view's size list holds
+    a graph node (the length), so the output is computed, not rebuilt from constants
+    (SwitchTransformers' and NLLB-MoE's expert layers failed compiled on this)."""
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, n, d = x.shape
+        return x.view(-1, d), x.view(b, n * d)
+
+    compiled = torch.compile(fn, backend="tpu")
+    for n in (5, 7, 9):  # the second length makes it dynamic
+        x = torch.randn(2, n, 4)
+        for got, want in zip(compiled(x.to(TPU)), fn(x)):
+            assert got.shape == want.shape
+            assert torch.equal(got.cpu(), want)

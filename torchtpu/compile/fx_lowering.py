@@ -242,13 +242,26 @@ def _view_chain(node: Any) -> list[torch.fx.Node] | None:
         target = node.target
         if not (isinstance(target, torch._ops.OpOverload) and target.is_view and node.args):
             return None
-        if any(isinstance(a, torch.fx.Node) for a in (*node.args[1:], *node.kwargs.values())):
+        if _reads_nodes((node.args[1:], node.kwargs)):  # a size from the graph (a dynamic length): computed
             return None
         chain.append(node)
         node = node.args[0]
     if not chain or not isinstance(node, torch.fx.Node) or node.op != "placeholder":
         return None
     return [node, *reversed(chain)]
+
+
+def _reads_nodes(args: Any) -> bool:
+    """Whether ``args`` hold a graph node anywhere (``view(x, [2, s0, 32])``'s ``s0``)."""
+    found = False
+
+    def visit(a: torch.fx.Node) -> torch.fx.Node:
+        nonlocal found
+        found = True
+        return a
+
+    torch.fx.node.map_arg(args, visit)
+    return found
 
 
 def _size_query(target: Any, args: Any) -> int:
