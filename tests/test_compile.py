@@ -414,3 +414,32 @@ def test_view_outputs_with_a_dynamic_length_in_their_sizes() -> None:
         for got, want in zip(compiled(x.to(TPU)), fn(x)):
             assert got.shape == want.shape
             assert torch.equal(got.cpu(), want)
+
+
+def test_as_strided_of_a_view_addresses_the_storage() -> None:
+    """LED/Longformer's overlapping chunks: ``as_strided`` of a view that a reshape made
+    without copying reads the storage under the view, not the view's values row-major (the
+    compiled LED encoder's attention was off by up to 5e-3 before)."""
+
+    def chunks(q: torch.Tensor) -> torch.Tensor:
+        v = (q / 2.0).view(8, 2, 4, 8).transpose(0, 1)
+        h = v.transpose(1, 2).reshape(8, 8, 8).view(8, 2, 4, 8)  # a view: strides (8, 256, 64, 1)
+        size, stride = list(h.size()), list(h.stride())
+        size[1], stride[1] = size[1] * 2 - 1, stride[1] // 2
+        return h.as_strided(size=size, stride=stride) * 1.0
+
+    q = torch.randn(8, 2, 32)
+    assert torch.equal(torch.compile(chunks, backend="tpu")(q.to(TPU)).cpu(), chunks(q))
+
+
+def test_as_strided_outside_the_view_raises() -> None:
+    def outside(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).t().as_strided((4, 4), (4, 1), 8)  # the transpose covers all 24 positions
+
+    def beyond(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2)[:, :2].as_strided((3, 4), (4, 1))  # reads positions the view skips
+
+    x = torch.randn(4, 6)
+    assert torch.equal(torch.compile(outside, backend="tpu")(x.to(TPU)).cpu(), outside(x))
+    with pytest.raises(Exception, match="reads storage outside that view"):
+        torch.compile(beyond, backend="tpu")(x.to(TPU))

@@ -210,6 +210,8 @@ class _Hooks(GraphHooks):
             if isinstance(dst, torch.fx.Node) and dst.op == "placeholder":
                 return True, self._mutate(ctx, self.placeholders[dst], args[0], args[1])
             return True, _copy(ctx, args[0], args[1])
+        if target in _STRIDED_READS and isinstance(node.args[0], torch.fx.Node):
+            return _strided_read(ctx, node, args)
         if target in registry.RANDOM or torch.Tag.nondeterministic_seeded in target.tags:
             self._fresh_rng_state(ctx)
         return False, None
@@ -231,6 +233,46 @@ class _Hooks(GraphHooks):
         ctx.rng_state = b.concatenate([seed, counter], 0)
         ctx._philox_state = None
         self.n_random += 1
+
+
+_STRIDED_READS = (aten.as_strided.default, aten.as_strided_copy.default)
+
+
+def _positions(sizes: Sequence[int], strides: Sequence[int], offset: int) -> np.ndarray:
+    """The storage positions a strided view reads (with repeats)."""
+    pos = np.full((1,), offset, np.int64)
+    for n, st in zip(sizes, strides):
+        pos = (pos[:, None] + np.arange(n, dtype=np.int64)[None, :] * st).reshape(-1)
+    return pos
+
+
+def _strided_read(ctx: ProgramContext, node: torch.fx.Node, args: Any) -> tuple[bool, Any]:
+    """``as_strided(x, size, stride, offset)`` addresses x's *storage*, but in a program x is
+    a value in its logical shape. When x is a view laid out otherwise (LED/Longformer's
+    overlapping chunks: ``x.transpose(..).reshape(..).view(..).as_strided(..)``, where the
+    reshape is a view), the storage is rebuilt from x by writing x where its view sits, and
+    the result is read from that. Positions x does not cover are not in the program: that
+    raises, rather than reading zeros."""
+    meta = node.args[0].meta.get("val")
+    if not _static(meta):  # the rule's reading (x row-major) cannot be checked: let it stand
+        return False, None
+    x, size, stride = args[0], [int(n) for n in args[1]], [int(n) for n in args[2]]
+    offset = int(args[3]) if len(args) > 3 and args[3] is not None else 0
+    sizes, strides, start = tuple(meta.shape), tuple(meta.stride()), meta.storage_offset()
+    read = _positions(size, stride, offset)
+    if strides == contiguous_strides(sizes) and start == 0 and (read.size == 0 or read.max() < math.prod(sizes)):
+        return False, None  # x is its storage's beginning, row-major: the rule reads it right
+    covered = _positions(sizes, strides, start)
+    if not np.isin(read, covered).all():
+        raise NotImplementedError(
+            f"torchtpu: as_strided(size={size}, stride={stride}, storage_offset={offset}) of a view with strides "
+            f"{list(strides)} and offset {start} reads storage outside that view, which a compiled program does not "
+            "hold; call .contiguous() on the view before as_strided, or run this part outside torch.compile"
+        )
+    b = ctx.b
+    storage = b.broadcast_in_dim(b.constant(0, x.dtype), (int(covered.max()) + 1,), [])
+    storage = write_view(b, storage, sizes, strides, start, x)
+    return True, read_view(b, storage, size, stride, offset, x.dtype)
 
 
 def _view_chain(node: Any) -> list[torch.fx.Node] | None:
