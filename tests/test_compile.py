@@ -443,3 +443,32 @@ def test_as_strided_outside_the_view_raises() -> None:
     assert torch.equal(torch.compile(outside, backend="tpu")(x.to(TPU)).cpu(), outside(x))
     with pytest.raises(Exception, match="reads storage outside that view"):
         torch.compile(beyond, backend="tpu")(x.to(TPU))
+
+
+def test_complex_rope_gradients_with_the_conjugate_saved_for_backward() -> None:
+    """Llama 4's RoPE multiplies by complex frequencies: the forward saves ``_conj(freqs)``
+    (a lazy-conjugate view of an input) for its backward. It had no lowering, and once it
+    had, the backward read the view's storage without its conjugate bit (gradients off by
+    up to 2)."""
+
+    def rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        xc = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * freqs).flatten(-2)
+
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    freqs = torch.polar(torch.ones(4, 4), torch.randn(4, 4))
+    rope(x, freqs).pow(2).sum().backward()
+    xt = x.detach().to(TPU).requires_grad_()
+    out = torch.compile(rope, backend="tpu")(xt, freqs.to(TPU))
+    out.pow(2).sum().backward()
+    assert_close(out, rope(x, freqs))
+    assert_close(xt.grad, x.grad)
+
+
+def test_inputs_with_the_lazy_conjugate_bit_are_read_conjugated() -> None:
+    def f(z: torch.Tensor) -> torch.Tensor:
+        return z * 2
+
+    z = torch.randn(3, 4, dtype=torch.complex64)
+    got = torch.compile(f, backend="tpu")(z.to(TPU).conj())
+    assert torch.equal(got.cpu(), f(z.conj()))

@@ -102,25 +102,27 @@ class _RecordSpec(NamedTuple):
 class _Call:
     """The operands of one call, gathered while its key is built."""
 
-    __slots__ = ("key", "cells", "slot_of", "scalars", "args", "host")
+    __slots__ = ("key", "cells", "slot_of", "scalars", "args", "stand_ins")
 
     def __init__(self, args: list[Any]) -> None:
         self.args = args
-        # CPU tensors the graph reads (a global moved with .to(device) inside the compiled
-        # code, a non-capturable optimizer's step count), uploaded for the program: (index, the CPU tensor)
-        self.host: list[tuple[int, torch.Tensor]] = []
+        # arguments the program reads through a stand-in, as (index, the caller's tensor): CPU
+        # tensors (a global moved with .to(device) inside the compiled code, a non-capturable
+        # optimizer's step count), uploaded; tensors with PyTorch's lazy conjugate or negative
+        # bit (a ``_conj`` view a forward saved for its backward), resolved to their values
+        self.stand_ins: list[tuple[int, torch.Tensor]] = []
         self.key: list[Any] = []
         self.cells: list[Cell] = []
         self.slot_of: dict[int, int] = {}
         self.scalars: list[Any] = []
 
     def user_args(self) -> list[Any]:
-        """The arguments as the caller passed them (its CPU tensors, not their uploads):
-        what an output that returns an input, or a view of one, is made from."""
-        if not self.host:
+        """The arguments as the caller passed them (not their stand-ins): what an output
+        that returns an input, or a view of one, is made from."""
+        if not self.stand_ins:
             return self.args
         args = list(self.args)
-        for i, t in self.host:
+        for i, t in self.stand_ins:
             args[i] = t
         return args
 
@@ -152,8 +154,11 @@ def _collect(args: list[Any], name: str) -> _Call:
                         f"torchtpu: argument {i} of compiled graph {name} is a {a.device} tensor of shape "
                         f"{tuple(a.shape)}; move it to the device with .to('tpu') before calling the compiled function"
                     )
-                call.host.append((i, a))
+                call.stand_ins.append((i, a))
                 a = args[i] = a.to("tpu")
+            elif a.is_conj() or a.is_neg():  # a program reads storages: give it the values
+                call.stand_ins.append((i, a))
+                a = args[i] = a.resolve_conj().resolve_neg()
             key.append((_slot(call, a), a.dtype, tuple(a.shape), a.stride(), a.storage_offset()))
         elif isinstance(a, bool) or isinstance(a, int):
             key.append(("i", int(a)))  # sizes of dynamic dims: they shape the program
@@ -395,7 +400,7 @@ class CompiledGraph:
         if lengths is not None:
             call.scalars.extend(device_scalar(n, int, np.int32) for n in lengths)
         key = tuple(call.key)
-        if lengths is None and self.replicas is None and not call.host and not self.host_outputs and deferred.deferring():
+        if lengths is None and self.replicas is None and not call.stand_ins and not self.host_outputs and deferred.deferring():
             return self._record(key, call)
         prog = self.programs.get(key)
         if prog is None:
@@ -474,9 +479,9 @@ class CompiledGraph:
             inputs.append(rng.reserve_state_buffer(prog.n_random))
         outs = execute(prog.storage, inputs, f"compiled graph {self.name}")
         new = write_back(prog.storage, call.cells, outs)
-        for i, host in call.host:  # a mutated CPU input (e.g. a non-capturable optimizer step count)
+        for i, theirs in call.stand_ins:  # a mutated stand-in (e.g. a non-capturable optimizer step count)
             if call.slot_of[id(cell_of(call.args[i]))] in prog.storage.updates:
-                host.copy_(call.args[i])
+                theirs.copy_(call.args[i])
         fresh = [s for s in prog.outputs if s[0] == "new"]
         shapes = [shape for shape, _ in prog.storage.result_types[: len(fresh)]]
         cells = (Cell(s[4], s[3], buf, shape) for s, buf, shape in zip(fresh, new, shapes))

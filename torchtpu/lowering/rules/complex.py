@@ -106,6 +106,19 @@ def conj_physical(L: NodeLowering, x: Value) -> Value:
     return conj(L, x)
 
 
+@register(aten._conj.default, aten._conj_copy.default)
+def conj_view(L: NodeLowering, x: Value) -> Value:
+    """The lazy-conjugate view (``x.conj()`` of a complex tensor) as a compiled graph holds
+    it, e.g. saved for the backward of a complex product (Llama 4's RoPE): inside a program
+    the view is its values, conjugated. Eager views keep PyTorch's conj bit instead."""
+    return conj(L, x)
+
+
+@register(aten._neg_view.default, aten._neg_view_copy.default)
+def neg_view(L: NodeLowering, x: Value) -> Value:
+    return L.b.unary("negate", x)
+
+
 @register(aten.view_as_real.default, aten.view_as_real_copy.default)
 def view_as_real(L: NodeLowering, x: Value) -> Value:
     """Inside a program (compiled graphs, decompositions) the view is a fresh value; eager
