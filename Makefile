@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchtpu-installed
 
-.PHONY: demo test test-all test-ops test-models test-models-defer test-examples docs bench lint clean
+.PHONY: demo test test-all test-ops test-models test-models-defer test-models-compile test-examples docs bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ test-models: $(STAMP)
 # step recorded and run as fused graphs): prints the pass table; fails on an unexpected result.
 test-models-defer: $(STAMP)
 	cd tests && TORCHTPU_DEFER_AND_FUSE=1 $(abspath $(PY)) models/report.py
+
+# The same zoo with the tpu model's forward (so its backward) and SGD step under
+# torch.compile(backend="tpu"), the library's default attention: prints the pass table.
+test-models-compile: $(STAMP)
+	cd tests && $(abspath $(PY)) models/report.py --compile --attn default
 
 # Every example (examples/<name>/) at --size tiny --compare, in every mode, against the CPU.
 test-examples: $(STAMP)

@@ -472,3 +472,23 @@ def test_inputs_with_the_lazy_conjugate_bit_are_read_conjugated() -> None:
     z = torch.randn(3, 4, dtype=torch.complex64)
     got = torch.compile(f, backend="tpu")(z.to(TPU).conj())
     assert torch.equal(got.cpu(), f(z.conj()))
+
+
+def test_bucketed_outputs_take_in_place_ops_with_gradients() -> None:
+    """Outputs of a graph with a dynamic (bucketed) length are trimmed to their true length
+    over the padded storage; as views made under AOTAutograd's no_grad they refused an
+    in-place op that records gradients (SwitchTransformers' ``index_add_`` into a compiled
+    ``zeros_like``)."""
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros_like(x), x * 2
+
+    compiled = torch.compile(f, backend="tpu")
+    for n in (5, 7, 9):  # the second length makes it dynamic
+        x = torch.randn(n, 4)
+        xt = x.to(TPU).requires_grad_()
+        z, y = compiled(xt)
+        z.index_add_(0, torch.arange(n, device=TPU).flip(0), y)
+        z.pow(2).sum().backward()
+        assert_close(z, (2 * x).flip(0))
+        assert_close(xt.grad, 8 * x)

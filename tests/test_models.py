@@ -1,8 +1,9 @@
 """The model zoo against the CPU: eval forward, every parameter's gradient and one SGD
 step (tests/models/compare.py). ``make test`` runs the cases marked fast with the
-library's default attention, eager and under DeferAndFuse; ``make test-models`` runs every
-case and attention implementation and writes docs/models.md (tests/models/report.py), and
-``make test-models-defer`` runs them all under DeferAndFuse."""
+library's default attention, eager, under DeferAndFuse and compiled; ``make test-models`` runs
+every case and attention implementation and writes docs/models.md (tests/models/report.py),
+``make test-models-defer`` runs them all under DeferAndFuse and ``make test-models-compile``
+under torch.compile."""
 
 from __future__ import annotations
 
@@ -46,4 +47,20 @@ def test_model_matches_cpu_under_defer_and_fuse(case):
 
     with torchtpu.eager_mode("defer_and_fuse"):
         result = run_case(case, None)
+    assert result.passed, result.failure()
+
+
+# beyond the fast cases, one per bug the compiled zoo found: a bool constant (gpt2), a CPU
+# input (big-bird-sparse-mlm), grouped_mm (qwen3-moe), as_strided of a view (led), the
+# conjugate a complex product saves (llama4)
+COMPILE_EXTRA = ("gpt2", "big-bird-sparse-mlm", "qwen3-moe", "led", "llama4")
+COMPILE_CASES = [c for c in CASES if c.fast or c.name in COMPILE_EXTRA]
+
+
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=[c.name for c in COMPILE_CASES])
+def test_model_matches_cpu_compiled(case):
+    """The same comparison with the tpu model's forward (so its backward) and its SGD step
+    under ``torch.compile(backend="tpu")`` (``make test-models-compile`` runs every case)."""
+    result = run_case(case, None, compile=True)
+    assert not result.unsupported, result.unsupported  # these cases compile on the CPU
     assert result.passed, result.failure()

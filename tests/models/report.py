@@ -43,8 +43,10 @@ def render(results: list[ModelResult], seconds: float, compiled: bool = False) -
         '`attn_implementation="sdpa"` and `"eager"` ("n/a": the model has no such implementation).'
         + (
             " Compiled: the tpu model's forward (and so its backward) and the SGD step run under "
-            '`torch.compile(backend="tpu")`; "n/a" also marks a model that `torch.compile(backend="eager")` '
-            "cannot run on the CPU either (a Dynamo or library limit, not the backend's)."
+            '`torch.compile(backend="tpu")`; "n/a" also marks a model that `torch.compile(backend="aot_eager")` '
+            "cannot run on the CPU either (a Dynamo, AOTAutograd or library limit, not the backend's). "
+            "A parameter the loss does not reach has a None gradient on the CPU and zeros compiled "
+            "(AOTAutograd's backward, as with aot_eager on the CPU): counted as a match."
             if compiled
             else ""
         )
@@ -79,8 +81,11 @@ def main() -> int:
     p.add_argument("-k", action="append", default=[], help="only cases whose name contains this (repeatable)")
     p.add_argument("--compile", action="store_true", help='the tpu side under torch.compile(backend="tpu")')
     p.add_argument("--attn", default="", help="only this attention implementation (default, sdpa, eager)")
+    p.add_argument("--shard", default="0/1", help="i/n: only every n-th case from the i-th (parallel runs)")
     args = p.parse_args()
     cases = [c for c in CASES if not args.k or any(k in c.name for k in args.k)]
+    shard, shards = (int(n) for n in args.shard.split("/"))
+    cases = cases[shard::shards]
     results = []
     t0 = time.perf_counter()
     unexpected = []

@@ -429,7 +429,10 @@ class CompiledGraph:
             elif spec[0] == "new" and len(spec) > 5 and spec[5] is not None and isinstance(r, torch.Tensor):
                 sizes = [int(e.xreplace(subs)) if hasattr(e, "xreplace") else int(e) for e in spec[5]]
                 padded = tuple(r.shape)
-                r = r.as_strided(sizes, r.stride(), 0)
+                # a tensor of its own over the padded storage, not a view: AOTAutograd calls
+                # this under no_grad, and an in-place op on a view made there is an error
+                # (SwitchTransformers' ``index_add_`` into a compiled ``zeros_like``)
+                r = new_tensor(cell_of(r), sizes, r.stride(), 0, r.dtype)
                 grown = [d for d, (a, b) in enumerate(zip(sizes, padded)) if a != b]
                 if len(grown) == 1:  # eager ops that read it run padded too (eager/buckets.py)
                     mark_rows(r, sizes[grown[0]], grown[0])
