@@ -264,10 +264,10 @@ def _strided_read(ctx: ProgramContext, node: torch.fx.Node, args: Any) -> tuple[
     x, size, stride = args[0], [int(n) for n in args[1]], [int(n) for n in args[2]]
     offset = int(args[3]) if len(args) > 3 and args[3] is not None else 0
     sizes, strides, start = tuple(meta.shape), tuple(meta.stride()), meta.storage_offset()
-    read = _positions(size, stride, offset)
-    if strides == contiguous_strides(sizes) and start == 0 and (read.size == 0 or read.max() < math.prod(sizes)):
+    last_read = offset + sum((n - 1) * st for n, st in zip(size, stride)) if all(size) else -1
+    if strides == contiguous_strides(sizes) and start == 0 and last_read < math.prod(sizes):
         return False, None  # x is its storage's beginning, row-major: the rule reads it right
-    covered = _positions(sizes, strides, start)
+    read, covered = _positions(size, stride, offset), _positions(sizes, strides, start)
     if not np.isin(read, covered).all():
         raise NotImplementedError(
             f"torchtpu: as_strided(size={size}, stride={stride}, storage_offset={offset}) of a view with strides "
