@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_unflatten
 
 from ..errors import not_implemented
@@ -28,7 +29,34 @@ def trace_decomposition(decomp: Any, flat: list[Any], spec: Any, value_pos: Sequ
 
     metas = [meta_of(flat[i]) for i in value_pos]
     functional = torch.func.functionalize(fn, remove="mutations")
-    return make_fx(functional, decomposition_table=tracing_table(), tracing_mode="real")(*metas)
+    with _disable_current_modes(), _tracing_keys_enabled():
+        return make_fx(functional, decomposition_table=tracing_table(), tracing_mode="real")(*metas)
+
+
+# The dispatch keys make_fx and functionalize work through. A kernel of ours called from a
+# TorchDispatchMode's handler (a user's FlopCounterMode; AOTAutograd's runtime checks
+# around a compiled call that flushes DeferAndFuse) runs with them excluded, and a trace
+# made there lost its input: the decomposition's result indexed a data-less meta constant.
+_TRACING_KEYS = tuple(
+    getattr(torch._C.DispatchKey, name)
+    for name in (
+        "Functionalize",
+        "FuncTorchDynamicLayerFrontMode",
+        "FuncTorchDynamicLayerBackMode",
+        "PythonTLSSnapshot",
+        "PreDispatch",
+        "Conjugate",
+        "Negative",
+        "ZeroTensor",
+    )
+)
+
+
+def _tracing_keys_enabled() -> Any:
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in _TRACING_KEYS:
+        exclude = exclude.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
 
 
 def _constant(ctx: ProgramContext, t: torch.Tensor) -> Value:
