@@ -197,18 +197,10 @@ def grouped_mm_meta(
         torch._check(offs.dim() == 1 and offs.dtype == torch.int32, lambda: f"Offsets tensor must be a 1D int32 tensor, got {offs.dtype}")
     torch._check(bias is None, lambda: "Bias tensor provided, but it is not supported yet.")
     torch._check(out_dtype in (None, a.dtype), lambda: f"out_dtype {out_dtype} differs from the inputs' {a.dtype}")
-    if a.dim() == 2 and b.dim() == 2:  # groups along the contraction: one product per group
-        size = (offs.size(0), a.size(0), b.size(1))
-    elif a.dim() == 2:  # groups of rows of a, each times its matrix of b
-        torch._check(offs.size(0) == b.size(0), lambda: "matrix batch sizes have to match")
-        size = (a.size(0), b.size(-1))
-    elif b.dim() == 2:  # groups of columns of b, each times its matrix of a
-        torch._check(offs.size(0) == a.size(0), lambda: "matrix batch sizes have to match")
-        size = (a.size(1), b.size(1))
-    else:
-        torch._check(a.size(0) == b.size(0), lambda: "batched dimension has to match")
-        size = (a.size(0), a.size(1), b.size(-1))
-    return a.new_empty(size)
+    # the result's size per layout, from PyTorch's own Meta kernel (minus its dtype check)
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+
+    return _create_grouped_mm_output_tensor(a, b, offs, out_dtype)
 
 
 def _group_masks(L: NodeLowering, offs: Value, length: int) -> Value:
