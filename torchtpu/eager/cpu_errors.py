@@ -22,9 +22,13 @@ from torch.utils._pytree import tree_flatten, tree_map
 MAX_ELEMENTS = 1 << 22
 
 
-def _to_cpu(v: Any) -> Any:
+def _to_cpu(v: Any, uninitialized_floats: bool = False) -> Any:
     """A CPU copy with the tensor's geometry (strides decide some errors) in a resizable
-    storage (an ``out=`` tensor may be resized), or the CPU device for a tpu one."""
+    storage (an ``out=`` tensor may be resized), or the CPU device for a tpu one.
+    ``uninitialized_floats``: a floating-point tensor gets the geometry without its values
+    (nothing read from the device), for errors that do not depend on them."""
+    if isinstance(v, torch.Tensor) and v.device.type == "tpu" and uninitialized_floats and (v.is_floating_point() or v.is_complex()):
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype).requires_grad_(v.requires_grad)
     if isinstance(v, torch.Tensor) and v.device.type == "tpu":
         host = v.detach().cpu()
         try:
@@ -37,18 +41,21 @@ def _to_cpu(v: Any) -> Any:
     return v
 
 
-def _small(args: tuple, kwargs: dict) -> bool:
+def _small(args: tuple, kwargs: dict, uninitialized_floats: bool) -> bool:
     tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    if uninitialized_floats:  # only the others are copied
+        tensors = [t for t in tensors if not (t.is_floating_point() or t.is_complex())]
     return sum(t.numel() for t in tensors) <= MAX_ELEMENTS
 
 
-def cpu_error(op: Any, args: tuple, kwargs: dict) -> Exception | None:
+def cpu_error(op: Any, args: tuple, kwargs: dict, uninitialized_floats: bool = False) -> Exception | None:
     """The exception the CPU raises for this call; None when it accepts the arguments (or
-    they are too large to try, or cannot be copied)."""
-    if not _small(args, kwargs):
+    they are too large to try, or cannot be copied). ``uninitialized_floats``: the error
+    sought does not depend on floating-point values (see ``_to_cpu``)."""
+    if not _small(args, kwargs, uninitialized_floats):
         return None
     try:
-        cpu_args, cpu_kwargs = tree_map(_to_cpu, (args, kwargs))
+        cpu_args, cpu_kwargs = tree_map(lambda v: _to_cpu(v, uninitialized_floats), (args, kwargs))
     except Exception:  # noqa: BLE001 - the arguments cannot be read back: keep our error
         return None
     try:

@@ -31,7 +31,7 @@ from ..runner.program import OutputSpec, ProgramBuilder, StorageProgram, device_
 from ..runtime import pjrt
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, new_tensor
-from . import buckets, growth, modes, rng, validate
+from . import buckets, growth, modes, rng, scalar_range, validate
 from .oplower import RUNTIME_OFFSET, lifted, lower_single
 from .plan import (
     KIND_SCALAR,
@@ -210,6 +210,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         values = padded.values  # uploaded ids read from their bucketed twins
     call = _collect(plan, values, padded)
     key = tuple(call.key)
+    if plan.scalar_positions and scalar_range.suspect(plan, values):
+        scalar_range.check(plan, values, args, kwargs, key)
     if plan.random:
         key = key + (rng.STATE_KEY,)
     donate = _donatable(plan, values, call) if plan.mutable and mode != modes.DEFER else ()

@@ -92,6 +92,7 @@ class OpPlan:
         self.kwarg_only = [a.kwarg_only for a in args]
         self.defaults = [a.default_value if a.has_default_value() else _MISSING for a in args]
         self.kinds = [_kind(a.type) for a in args]
+        self.scalar_positions = tuple(i for i, k in enumerate(self.kinds) if k == KIND_SCALAR)
         writes = [i for i, a in enumerate(args) if _is_write(a)]
         self.out_positions = [i for i in writes if args[i].kwarg_only]
         # The functional variant returns its results (which the out= tensors receive) before

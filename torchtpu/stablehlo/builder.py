@@ -49,8 +49,11 @@ def i64_list(values: Sequence[int]) -> str:
 
 
 def _float_bits(x: float, dtype: torch.dtype) -> str:
-    """Exact hexadecimal literal for a float in ``dtype`` (handles inf/nan/-0.0)."""
-    arr = np.asarray(x, dtype=numpy_dtype(dtype))
+    """Exact hexadecimal literal for a float in ``dtype`` (handles inf/nan/-0.0). A value
+    beyond the dtype's range is inf, as the CPU's unchecked casts make it (the checked
+    conversions are eager/scalar_range.py's), without NumPy's overflow warning."""
+    with np.errstate(over="ignore"):
+        arr = np.asarray(x, dtype=numpy_dtype(dtype))
     width = arr.dtype.itemsize * 2
     return "0x" + format(int.from_bytes(arr.tobytes(), "little"), f"0{width}X")
 
