@@ -40,13 +40,14 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
+from scratch_dirs import scratch_dir
+
 os.environ.setdefault("TORCHTPU_CACHE_DIR", "")  # cold compiles: no disk cache
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench_compile_inductor_"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", scratch_dir("bench_compile_inductor_"))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -184,7 +185,7 @@ def jax_reference(python: str | None) -> dict:
     """bench_jax.py's MLP figures, run by ``python``; ``{"skipped": why}`` without one."""
     if not python:
         return {"skipped": NO_JAX}
-    out = tempfile.mktemp(suffix=".json", prefix="bench_compile_jax_")
+    out = os.path.join(scratch_dir("bench_compile_jax_"), "mlp.json")
     env = dict(os.environ, OUT=out, MLP_N=str(MLP_N), WARM=str(WARM), ADD_N="20")
     try:
         subprocess.run([python, JAX_SCRIPT], env=env, check=True, capture_output=True, timeout=600)

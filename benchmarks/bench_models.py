@@ -33,9 +33,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
+
+from scratch_dirs import scratch_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -94,7 +95,7 @@ def time_row(task: Any, device: str, mode: str, steps: int, warm: int) -> dict[s
 
 
 def worker(name: str, size: str, steps: int, warm: int) -> dict[str, Any]:
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench_models_inductor_"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", scratch_dir("bench_models_inductor_"))
     task = load_task(name, size)
     return {f"{device} {mode}": time_row(task, device, mode, steps, warm) for device, mode in ROWS}
 

@@ -34,7 +34,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 os.environ.setdefault("TORCHTPU_CACHE_DIR", "")  # steady-state rows: no disk cache involved
 
@@ -43,6 +42,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_compile as bc  # noqa: E402
 import peer_mlp  # noqa: E402
+from scratch_dirs import scratch_dir  # noqa: E402
 
 import torchtpu  # noqa: E402
 
@@ -129,7 +129,7 @@ def first_steps() -> dict:
     """Per row, the first step in a fresh process with an empty disk cache, then warm."""
     out = {}
     for name, (script, *args) in FIRST_STEP_ROWS:
-        cache = tempfile.mkdtemp(prefix="bench_modes_cache_")
+        cache = scratch_dir("bench_modes_cache_")
         env = dict(os.environ, TORCHTPU_CACHE_DIR=cache)
         for label in ("cold", "warm"):
             run = subprocess.run(

@@ -43,10 +43,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+from scratch_dirs import scratch_dir
 
 B, D, H, C = 64, 1024, 1024, 10
 LR = 0.01
@@ -69,7 +70,7 @@ def peer_reference(python: str | None, add_n: int = 200, mlp_n: int = 50, warm: 
         return {"skipped": SETUP_NOTE}
     if not shutil.which(python) and not os.access(python, os.X_OK):
         return {"skipped": f"PEER_PYTHON={python} is not an executable; {SETUP_NOTE}"}
-    work = tempfile.mkdtemp(prefix="peer_mlp_")
+    work = scratch_dir("peer_mlp_")
     out = os.path.join(work, "peer.json")
     # cold compile caches: torch-tpu keeps its executables in inductor's cache directory
     env = dict(os.environ, ADD_N=str(add_n), MLP_N=str(mlp_n), WARM=str(warm), TMPDIR=work)
