@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchtpu-installed
 
-.PHONY: demo test test-all test-ops test-models test-models-defer test-models-compile test-examples docs bench lint clean
+.PHONY: demo test test-all test-ops test-models test-models-defer test-models-compile test-models-bf16 test-examples docs bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,14 @@ test-models-defer: $(STAMP)
 # torch.compile(backend="tpu"), the library's default attention: prints the pass table.
 test-models-compile: $(STAMP)
 	cd tests && $(abspath $(PY)) models/report.py --compile --attn default
+
+# The same zoo in bfloat16 (weights and inputs) and under torch.autocast(bfloat16) with
+# CUDA's policy on both sides: each tensor's error to float64 against the CPU's; writes
+# docs/models-bfloat16.md and docs/models-autocast.md.
+test-models-bf16: $(STAMP)
+	cd tests && $(abspath $(PY)) models/report.py --precision bfloat16 --attn default --markdown ../docs/models-bfloat16.md; rc1=$$?; \
+	$(abspath $(PY)) models/report.py --precision autocast --attn default --markdown ../docs/models-autocast.md; rc2=$$?; \
+	if [ $$rc1 -ne 0 ]; then exit $$rc1; fi; exit $$rc2
 
 # Every example (examples/<name>/) at --size tiny --compare, in every mode, against the CPU.
 test-examples: $(STAMP)

@@ -574,3 +574,22 @@ def test_amp_kernels_match_cpu() -> None:
         torch._amp_foreach_non_finite_check_and_unscale_(
             [torch.ones(2, device="tpu")], torch.zeros(2, device="tpu"), torch.ones((), device="tpu")
         )
+
+
+# -- CUDA's policy on the CPU (the model zoo's autocast reference) ---------------------------------
+
+
+@pytest.mark.parametrize("name,fn,specs,tag", [s for s in SAMPLES if s[0] not in NO_CUDA_ORACLE], ids=[s[0] for s in SAMPLES if s[0] not in NO_CUDA_ORACLE])
+def test_cuda_policy_on_the_cpu(name: str, fn: Callable[..., Any], specs: list[Any], tag: Any) -> None:
+    """tests/models/cuda_policy.py gives CPU autocast CUDA's dtypes, and its own back after."""
+    from models.cuda_policy import cuda_policy_on_the_cpu
+
+    inputs = make_inputs(specs)
+    with torch.autocast("tpu", dtype=bf16):  # first: tpu's run registers what the fake CUDA run of a fused cell needs
+        expected = dtypes(fn(*to_tpu(inputs)))
+    assert expected == dtypes(cuda_result(fn, inputs, bf16))
+    with cuda_policy_on_the_cpu(), torch.autocast("cpu", dtype=bf16):
+        assert dtypes(fn(*inputs)) == expected
+    with torch.autocast("cpu", dtype=bf16):  # the CPU's policy again
+        assert torch.mm(*make_inputs([R(2, 3), R(3, 2)])).dtype == bf16
+        assert torch.softmax(torch.ones(2, dtype=bf16), 0).dtype == bf16  # CUDA's: float32

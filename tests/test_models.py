@@ -64,3 +64,24 @@ def test_model_matches_cpu_compiled(case):
     result = run_case(case, None, compile=True)
     assert not result.unsupported, result.unsupported  # these cases compile on the CPU
     assert result.passed, result.failure()
+
+
+# bfloat16 weights and inputs, and float32 weights under torch.autocast(bfloat16) with CUDA's
+# policy on both sides, each tensor's error to float64 against the CPU's (compare.py's
+# docstring); ``make test-models-bf16`` runs every case in both
+@pytest.mark.parametrize("precision", ["bfloat16", "autocast"])
+@pytest.mark.parametrize("case", [c for c in CASES if c.fast], ids=[c.name for c in CASES if c.fast])
+def test_model_matches_cpu_in_low_precision(case, precision):
+    result = run_case(case, None, precision=precision)
+    assert not result.unsupported, result.unsupported
+    assert result.passed, result.failure()
+
+
+def test_a_model_the_cpu_refuses_is_refused_alike():
+    """DeBERTa fills bfloat16 attention scores (CUDA's policy: its query is float32 there)
+    with float32's minimum: the CPU raises, and tpu raised nothing and stored -inf."""
+    (deberta,) = [c for c in CASES if c.name == "deberta-mlm"]
+    result = run_case(deberta, None, precision="autocast")
+    assert result.unsupported.startswith("the CPU and tpu both refuse it in autocast: RuntimeError: value cannot be converted"), (
+        result.unsupported or result.failure()
+    )

@@ -8,24 +8,61 @@ Where gradients or stepped parameters miss that tolerance, a float64 copy of the
 the CPU arbitrates: an element passes when the tpu value is at least as close to float64
 as the CPU's float32 value (within the same tolerance), since the CPU is then no better a
 reference than tpu. The detail says how many tensors were settled that way.
+
+In bfloat16 (``precision="bfloat16"``: the model and its float inputs cast to bfloat16 on
+both sides) and under autocast (``precision="autocast"``: float32 weights, the forward and
+loss inside ``torch.autocast(device, torch.bfloat16)`` with CUDA's policy on both sides,
+models/cuda_policy.py), the two sides round differently (summation orders, kernels fused
+or split, where each upcasts), so no elementwise tolerance can tell a rounding difference
+from a wrong value. There every tensor is measured against
+the same model run in float64 from the same (bfloat16-rounded) weights (float32 where the
+model does not run in float64, e.g. ``torch._grouped_mm``: still 2^16 times finer than
+bfloat16), by its relative error (Frobenius norm), tpu's against the CPU's:
+
+- each tensor: tpu's error at most ``GROSS_RATIO`` times (the CPU's + ``LOW_PRECISION_FLOOR``).
+  A wrong value is off by O(1) where the CPU is off by a few roundings.
+- each stage: the geometric mean over its tensors of (tpu's error + floor) / (the CPU's +
+  floor) at most ``LOW_PRECISION_RATIO``. A systematic loss (a reduction accumulated in
+  bfloat16 where the CPU accumulates in float32, a missing upcast) makes most tensors
+  worse; a chance rounding makes some worse and others better.
+- a stage that misses either bound runs again on other inputs (``_other_inputs_decide``):
+  bfloat16 rounds an input of a kink (relu, max-pooling, top-k routing) to its other side
+  now and then, on either device, and all gradients behind it carry the switched term.
+
+Values near float32's subnormal range are left out (XLA:CPU flushes subnormals to zero, as
+TPUs do). In bfloat16 the dtypes must also be the CPU's. A model the CPU refuses in the
+precision must be refused by tpu with the same exception (``_refused_by_the_cpu``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import math
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from .cuda_policy import cuda_policy_on_the_cpu
+
 FORWARD_TOL = dict(rtol=1e-4, atol=1e-4)
 GRAD_TOL = dict(rtol=1e-3, atol=1e-4)
 STAGES = ("forward", "backward", "step")
 LR = 0.1  # the SGD step
+PRECISIONS = ("float32", "bfloat16", "autocast")
+LOW_PRECISION_RATIO = 2.0  # a stage's geometric mean of tpu's errors over the CPU's
+GROSS_RATIO = 10.0  # one tensor's
+LOW_PRECISION_FLOOR = 2.0**-8  # one rounding of bfloat16 (its unit roundoff)
+# the CPU refusing a model in low precision for want of a kernel (oneDNN's bfloat16 LSTM,
+# cdist's float-only dispatch), not for an argument every device refuses
+CPU_KERNEL_LIMITS = ("could not create a primitive descriptor", "not implemented for 'BFloat16'")
+NEAR_SUBNORMAL = torch.finfo(torch.float32).tiny * 2.0**24
+RERUN_SEEDS = (2, 3, 4)  # the inputs' seeds of a low-precision case that missed the bound
 
 
 @dataclasses.dataclass
@@ -44,6 +81,9 @@ class ModelCase:
 class StageResult:
     ok: bool
     detail: str = ""
+    # low precision: the stage failed only by missing the error bound (no exception, no
+    # dtype or shape difference), which a rounding at a discontinuity can do by chance
+    missed_bound: bool = False
 
 
 @dataclasses.dataclass
@@ -108,21 +148,99 @@ def _no_farther_from_float64(actual: torch.Tensor, expected: torch.Tensor, refer
     return bool((close | no_farther | (a.isnan() & e.isnan())).all())
 
 
+@dataclasses.dataclass
+class Reference:
+    """The model's values in a higher precision, from the same weights and inputs."""
+
+    values: dict[str, torch.Tensor]
+    dtype: torch.dtype
+
+
+@dataclasses.dataclass
+class LowPrecisionErrors:
+    """Relative errors (Frobenius norm) of tpu and of the CPU to the reference's value."""
+
+    tpu: float
+    cpu: float
+    reference: torch.dtype
+
+    @property
+    def ratio(self) -> float:
+        return (self.tpu + LOW_PRECISION_FLOOR) / (self.cpu + LOW_PRECISION_FLOOR)
+
+    def __str__(self) -> str:
+        return f"relative error to {str(self.reference).removeprefix('torch.')} {self.tpu:.3g}, the CPU's {self.cpu:.3g}"
+
+
+def _low_precision_errors(actual: torch.Tensor, expected: torch.Tensor, reference: torch.Tensor, check_dtype: bool) -> LowPrecisionErrors | str:
+    """Both sides' errors to the ``reference`` value, or what makes them incomparable."""
+    a = actual.detach().cpu()
+    if a.shape != expected.shape or (check_dtype and a.dtype != expected.dtype):
+        return f"shape/dtype {tuple(a.shape)} {a.dtype} vs CPU {tuple(expected.shape)} {expected.dtype}"
+    dtype = reference.dtype
+    a, e, r = a.double(), expected.detach().double(), reference.detach().double()
+    if a.shape != r.shape:
+        return f"shape {tuple(a.shape)} vs the reference's {tuple(r.shape)}"
+    finite = torch.isfinite(r) & torch.isfinite(e)
+    if not bool(torch.isfinite(a)[finite].all()):
+        return f"{int((~torch.isfinite(a) & finite).sum())}/{a.numel()} elements are inf or nan where the CPU and the reference are finite"
+    # XLA:CPU flushes subnormal results and operands to zero, as TPUs do (the CPU keeps
+    # them): an element whose exact value is within 2^24 of float32's smallest normal
+    # number (its products of such values are subnormal) is not compared
+    compared = finite & (r.abs() >= NEAR_SUBNORMAL)
+    a, e, r = a[compared], e[compared], r[compared]
+    scale = float(r.norm()) or 1.0
+    return LowPrecisionErrors(float((a - r).norm()) / scale, float((e - r).norm()) / scale, dtype)
+
+
 def _compare_all(
-    pairs: list[tuple[str, torch.Tensor, torch.Tensor]], tol: dict[str, float], reference: dict[str, torch.Tensor] | None = None
+    pairs: list[tuple[str, torch.Tensor, torch.Tensor]],
+    tol: dict[str, float],
+    reference: Reference | None = None,
+    precision: str = "float32",
 ) -> StageResult:
+    if precision != "float32":
+        return _compare_low_precision(pairs, reference, check_dtype=precision == "bfloat16")
     bad = [(name, m) for name, a, e in pairs if (m := _mismatch(a, e, tol)) is not None]
     arbitrated = 0
     if bad and reference is not None:
         tensors = {name: (a, e) for name, a, e in pairs}
-        settled = {name for name, _ in bad if name in reference and _no_farther_from_float64(*tensors[name], reference[name], tol)}
+        settled = {name for name, _ in bad if name in reference.values and _no_farther_from_float64(*tensors[name], reference.values[name], tol)}
         arbitrated = len(settled)
         bad = [(name, m) for name, m in bad if name not in settled]
     if not bad:
         note = f"; {arbitrated} settled by float64 (tpu at least as close as the CPU)" if arbitrated else ""
         return StageResult(True, f"{len(pairs)} tensors{note}")
+    return _failed(bad, len(pairs))
+
+
+def _compare_low_precision(pairs: list[tuple[str, torch.Tensor, torch.Tensor]], reference: Reference | None, check_dtype: bool) -> StageResult:
+    if reference is None:
+        return StageResult(False, "the model runs neither in float64 nor in float32 on the CPU: nothing to measure errors against")
+    bad, measured, incomparable = [], [], False
+    for name, a, e in pairs:
+        errors = _low_precision_errors(a, e, reference.values[name], check_dtype) if name in reference.values else "no reference value"
+        if isinstance(errors, str) or errors.ratio > GROSS_RATIO:
+            bad.append((name, str(errors)))
+            incomparable |= isinstance(errors, str)
+        else:
+            measured.append((name, errors))
+    if bad:
+        failed = _failed(bad, len(pairs))
+        failed.missed_bound = not incomparable
+        return failed
+    mean = math.exp(sum(math.log(e.ratio) for _, e in measured) / len(measured))
+    name, worst = max(measured, key=lambda m: m[1].ratio)
+    detail = (
+        f"{len(pairs)} tensors against {str(reference.dtype).removeprefix('torch.')}: tpu's errors {mean:.2f} times the CPU's "
+        f"(geometric mean); the largest ratio: {name}, {worst}"
+    )
+    return StageResult(mean <= LOW_PRECISION_RATIO, detail, missed_bound=mean > LOW_PRECISION_RATIO)
+
+
+def _failed(bad: list[tuple[str, str]], count: int) -> StageResult:
     name, msg = bad[0]
-    return StageResult(False, f"{len(bad)}/{len(pairs)} differ; first {name}: {msg}")
+    return StageResult(False, f"{len(bad)}/{count} differ; first {name}: {msg}")
 
 
 def _error(e: BaseException) -> StageResult:
@@ -148,16 +266,27 @@ def _loss(model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
     return loss
 
 
-def _float64_run(model: nn.Module, inputs: dict[str, Any], lr: float) -> dict[str, torch.Tensor] | None:
-    """Gradients ("<name>.grad") and stepped parameters ("<name>") of a float64 copy of the
-    model (the arbiter), or None when the model does not run in float64."""
-    try:
-        m = copy.deepcopy(model).double().train()
-        m.zero_grad(set_to_none=True)
-        _loss(m, tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, inputs)).backward()
-    except Exception:  # noqa: BLE001 - no arbiter for this model
-        return None
-    out = {}
+def _reference_run(model: nn.Module, inputs: dict[str, Any], lr: float, dtypes: tuple[torch.dtype, ...] = (torch.float64,)) -> Reference | None:
+    """The eval forward's outputs ("output <i>"), the training loss ("loss"), gradients
+    ("<name>.grad") and stepped parameters ("<name>") of a copy of the model in the first
+    of ``dtypes`` it runs in (the arbiter), or None when it runs in none of them."""
+    for dtype in dtypes:
+        try:
+            return Reference(_run_in(model, inputs, lr, dtype), dtype)
+        except Exception:  # noqa: BLE001 - not in this dtype: the next one
+            continue
+    return None
+
+
+def _run_in(model: nn.Module, inputs: dict[str, Any], lr: float, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    m = copy.deepcopy(model).to(dtype).eval()
+    inputs = _cast_floats(inputs, dtype)
+    with torch.no_grad():
+        out = {f"output {i}": o for i, o in enumerate(_float_outputs(m(**inputs)))}
+    m.train().zero_grad(set_to_none=True)
+    loss = _loss(m, inputs)
+    loss.backward()
+    out["loss"] = loss.detach()
     with torch.no_grad():
         for name, p in m.named_parameters():
             if p.grad is not None:
@@ -204,22 +333,100 @@ def _unreached_by_aot(grad: torch.Tensor) -> bool:
     return not bool(grad.detach().cpu().any())
 
 
-def run_case(case: ModelCase, attn: str | None, compile: bool = False) -> ModelResult:
+def run_case(case: ModelCase, attn: str | None, compile: bool = False, precision: str = "float32") -> ModelResult:
     """``compile``: the tpu model's forward and its optimizer step run compiled; a failure
     is then ours only if the model compiles on the CPU (``_cpu_compile_error``).
+    ``precision``: one of ``PRECISIONS`` (the module's docstring says how each compares).
 
     Compiled, NumPy's random calls run as NumPy (``use_numpy_random_stream``): by default
     Dynamo traces ``np.random.seed`` as torch's seed but runs ``np.random.permutation`` as
     NumPy, unseeded, so BigBird's block-sparse attention picks other random blocks than in
     eager, on the CPU too (``aot_eager``: the same 7 gradients differ)."""
     with torch._dynamo.config.patch(use_numpy_random_stream=compile):
-        result = _run_case(case, attn, compile)
+        result = _run_case(case, attn, compile, precision)
+        if precision != "float32" and _missed_bound_only(result):
+            result = _other_inputs_decide(result, case, attn, compile, precision)
     if compile and not result.passed and not result.unsupported:
         result.unsupported = _cpu_compile_error(case, attn)
     return result
 
 
-def _run_case(case: ModelCase, attn: str | None, compile: bool) -> ModelResult:
+def _missed_bound_only(result: ModelResult) -> bool:
+    failed = [s for s in result.stages.values() if not s.ok]
+    return bool(failed) and not result.unsupported and all(s.missed_bound for s in failed)
+
+
+def _other_inputs_decide(result: ModelResult, case: ModelCase, attn: str | None, compile: bool, precision: str) -> ModelResult:
+    """A low-precision case that missed the error bound runs again on ``RERUN_SEEDS``' inputs.
+
+    bfloat16 rounds an input of a kink or a choice (relu, max-pooling, top-k routing) to
+    the other side of it now and then, on tpu and on the CPU alike, and that switches a
+    whole gradient term on or off on one side (T5: two relu inputs 7e-5 and 1.3e-3 from 0
+    in float64 rounded below 0 on tpu; without those two elements its error was the CPU's).
+    Such a switch is a chance event of one input; an error of the implementation (a
+    reduction accumulated in bfloat16, a missing upcast) recurs on every input. So the case
+    passes when most reruns pass, with the first run's miss in the detail."""
+    reruns = [_run_case(case, attn, compile, precision, input_seed=seed) for seed in RERUN_SEEDS]
+    passed = sum(r.passed for r in reruns)
+    if passed * 2 <= len(reruns):
+        return result
+    for stage in result.stages.values():
+        if not stage.ok:
+            stage.ok = True
+            stage.detail = f"passes on {passed} of {len(reruns)} other inputs; missed on the first: {stage.detail}"
+    return result
+
+
+@contextlib.contextmanager
+def _autocast(device: str, precision: str) -> Iterator[None]:
+    """Under ``precision="autocast"``, bfloat16 autocast with CUDA's policy on either side
+    (the CPU's own policy casts other ops: models/cuda_policy.py)."""
+    if precision != "autocast":
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        if device == "cpu":
+            stack.enter_context(cuda_policy_on_the_cpu())
+        stack.enter_context(torch.autocast(device, dtype=torch.bfloat16))
+        yield
+
+
+def _eval_outputs(model: Callable[..., Any], inputs: dict[str, Any], device: str, precision: str) -> list[torch.Tensor]:
+    with torch.no_grad(), _autocast(device, precision):
+        return _float_outputs(model(**inputs))
+
+
+def _train_loss(model: Callable[..., Any], inputs: dict[str, Any], device: str, precision: str) -> torch.Tensor:
+    """The loss, computed inside the autocast region; the user calls backward outside it."""
+    with _autocast(device, precision):
+        return _loss(model, inputs)
+
+
+def _refused_by_the_cpu(result: ModelResult, cpu_error: Exception, precision: str, tpu_run: Callable[[], Any]) -> ModelResult:
+    """The CPU refuses the model in this precision (a bfloat16 fft, a float32 minimum
+    filled into bfloat16 scores): n/a when tpu refuses it with the same exception, a
+    failure when tpu runs it or raises something else (the user would not be told)."""
+    stage = "forward" if "forward" not in result.stages else "backward"
+    try:
+        tpu_run()
+    except Exception as e:  # noqa: BLE001 - compared with the CPU's
+        if type(e) is type(cpu_error) and str(e) == str(cpu_error):
+            result.unsupported = f"the CPU and tpu both refuse it in {precision}: {_error(cpu_error).detail}"
+            return result
+        result.stages[stage] = StageResult(False, f"the CPU raises {_error(cpu_error).detail}; tpu raises {_error(e).detail}")
+        return result
+    if any(limit in str(cpu_error) for limit in CPU_KERNEL_LIMITS):
+        result.unsupported = f"the CPU's kernel cannot run it in {precision} (tpu does; nothing to compare with): {_error(cpu_error).detail}"
+        return result
+    result.stages[stage] = StageResult(False, f"the CPU raises {_error(cpu_error).detail}; tpu runs it")
+    return result
+
+
+def _cast_floats(inputs: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, inputs)
+
+
+def _run_case(case: ModelCase, attn: str | None, compile: bool, precision: str, input_seed: int = 1) -> ModelResult:
     result = ModelResult(case.name, case.family, attn or "default", {})
     torch.manual_seed(0)
     try:
@@ -230,9 +437,13 @@ def _run_case(case: ModelCase, attn: str | None, compile: bool) -> ModelResult:
             result.unsupported = str(e).splitlines()[0][:200]
             return result
         raise
-    torch.manual_seed(1)
+    torch.manual_seed(input_seed)
     inputs = case.inputs()
+    if precision == "bfloat16":
+        cpu_model, inputs = cpu_model.to(torch.bfloat16), _cast_floats(inputs, torch.bfloat16)
     initial = copy.deepcopy(cpu_model)  # the float64 arbiter starts from these weights
+    # low precision is judged by errors to float64 only (see the module's docstring)
+    reference = _reference_run(initial, inputs, LR, (torch.float64, torch.float32)) if precision != "float32" else None
     tpu_model = copy.deepcopy(cpu_model).to("tpu")
     tpu_inputs = _to(inputs, "tpu")
     tpu_opt = torch.optim.SGD(tpu_model.parameters(), lr=LR)
@@ -242,13 +453,15 @@ def _run_case(case: ModelCase, attn: str | None, compile: bool) -> ModelResult:
     cpu_model.eval()
     tpu_model.eval()
     try:
-        with torch.no_grad():
-            expected = _float_outputs(cpu_model(**inputs))
-            actual = _float_outputs(tpu_call(**tpu_inputs))
+        expected = _eval_outputs(cpu_model, inputs, "cpu", precision)
+    except Exception as e:  # noqa: BLE001 - the CPU's own limit in this precision
+        return _refused_by_the_cpu(result, e, precision, lambda: _eval_outputs(tpu_call, tpu_inputs, "tpu", precision))
+    try:
+        actual = _eval_outputs(tpu_call, tpu_inputs, "tpu", precision)
         if len(expected) != len(actual):
             result.stages["forward"] = StageResult(False, f"{len(actual)} outputs vs CPU {len(expected)}")
         else:
-            result.stages["forward"] = _compare_all([(f"output {i}", a, e) for i, (a, e) in enumerate(zip(actual, expected))], FORWARD_TOL)
+            result.stages["forward"] = _compare_all([(f"output {i}", a, e) for i, (a, e) in enumerate(zip(actual, expected))], FORWARD_TOL, reference, precision)
     except Exception as e:  # noqa: BLE001 - a model zoo records every failure
         result.stages["forward"] = _error(e)
 
@@ -256,11 +469,13 @@ def _run_case(case: ModelCase, attn: str | None, compile: bool) -> ModelResult:
     cpu_model.train()
     tpu_model.train()
     cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=LR)
-    reference: dict[str, torch.Tensor] | None = None
     try:
-        cpu_loss = _loss(cpu_model, inputs)
+        cpu_loss = _train_loss(cpu_model, inputs, "cpu", precision)
         cpu_loss.backward()
-        tpu_loss = _loss(tpu_call, tpu_inputs)
+    except Exception as e:  # noqa: BLE001 - the CPU's own limit in this precision
+        return _refused_by_the_cpu(result, e, precision, lambda: _train_loss(tpu_call, tpu_inputs, "tpu", precision).backward())
+    try:
+        tpu_loss = _train_loss(tpu_call, tpu_inputs, "tpu", precision)
         tpu_loss.backward()
         named = list(zip(cpu_model.named_parameters(), tpu_model.parameters()))
         pairs = [("loss", tpu_loss, cpu_loss)]
@@ -271,8 +486,8 @@ def _run_case(case: ModelCase, attn: str | None, compile: bool) -> ModelResult:
                 pairs.append((f"{name}.grad (None on one side)", torch.ones(1), torch.zeros(1)))
                 continue
             pairs.append((f"{name}.grad", p_tpu.grad, p_cpu.grad))
-        result.stages["backward"] = _compare_all(pairs, GRAD_TOL)
-        if not result.stages["backward"].ok and (reference := _float64_run(initial, inputs, LR)) is not None:
+        result.stages["backward"] = _compare_all(pairs, GRAD_TOL, reference, precision)
+        if not result.stages["backward"].ok and precision == "float32" and (reference := _reference_run(initial, inputs, LR)) is not None:
             result.stages["backward"] = _compare_all(pairs, GRAD_TOL, reference)
     except Exception as e:  # noqa: BLE001
         result.stages["backward"] = _error(e)
@@ -283,8 +498,8 @@ def _run_case(case: ModelCase, attn: str | None, compile: bool) -> ModelResult:
         cpu_opt.step()
         tpu_step()
         pairs = [(name, p_tpu, p_cpu) for (name, p_cpu), p_tpu in zip(cpu_model.named_parameters(), tpu_model.parameters())]
-        result.stages["step"] = _compare_all(pairs, GRAD_TOL)
-        if not result.stages["step"].ok and (reference or (reference := _float64_run(initial, inputs, LR))) is not None:
+        result.stages["step"] = _compare_all(pairs, GRAD_TOL, reference, precision)
+        if not result.stages["step"].ok and precision == "float32" and (reference or (reference := _reference_run(initial, inputs, LR))) is not None:
             result.stages["step"] = _compare_all(pairs, GRAD_TOL, reference)
     except Exception as e:  # noqa: BLE001
         result.stages["step"] = _error(e)

@@ -21,6 +21,7 @@ The default autocast dtype of the device is bfloat16 (``set_default_dtype``);
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -99,7 +100,14 @@ POLICIES: dict[str, tuple[str, ...]] = {
 }
 
 DEVICE = "tpu"
-_AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
+# the autocast dispatch key of each device the kernels can be made for: tpu's, and the
+# CPU's, where tests apply CUDA's policy to a CPU reference (tests/models/cuda_policy.py)
+AUTOCAST_KEYS: dict[str, str] = {"tpu": "AutocastPrivateUse1", "cpu": "AutocastCPU"}
+
+
+@functools.cache
+def _key_set(device: str) -> torch._C.DispatchKeySet:
+    return torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, AUTOCAST_KEYS[device]))
 
 
 def policy_of(name: str) -> str | None:
@@ -112,8 +120,8 @@ def policy_of(name: str) -> str | None:
 
 
 # -- casting, as in at::autocast::cached_cast ---------------------------------------------------
-def _eligible(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) and x.device.type == DEVICE and x.is_floating_point() and x.dtype != torch.float64
+def _eligible(x: Any, device: str = DEVICE) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == device and x.is_floating_point() and x.dtype != torch.float64
 
 
 # source TensorImpl id -> (weakref to the source, its cast); cleared when the outermost
@@ -125,10 +133,10 @@ def clear_cache() -> None:
     _cast_cache.clear()
 
 
-def _cacheable(x: torch.Tensor, to: torch.dtype) -> bool:
+def _cacheable(x: torch.Tensor, to: torch.dtype, device: str) -> bool:
     """Apex's heuristic, kept by PyTorch: cache the low-precision casts of fp32 weights (leaves)."""
     return (
-        to == torch.get_autocast_dtype(DEVICE)
+        to == torch.get_autocast_dtype(device)
         and x.dtype == torch.float32
         and x.requires_grad
         and x.is_leaf
@@ -140,10 +148,10 @@ def _cacheable(x: torch.Tensor, to: torch.dtype) -> bool:
     )
 
 
-def _cast_tensor(x: torch.Tensor, to: torch.dtype) -> torch.Tensor:
-    if not _eligible(x) or x.dtype == to:
+def _cast_tensor(x: torch.Tensor, to: torch.dtype, device: str) -> torch.Tensor:
+    if not _eligible(x, device) or x.dtype == to:
         return x
-    if not _cacheable(x, to):
+    if not _cacheable(x, to, device):
         return x.to(to)
     hit = _cast_cache.get(id(x))
     if hit is not None and hit[0]() is x:
@@ -176,36 +184,36 @@ class _Signature:
         self.names = [a.name for a in args]
         self.kind_of = dict(zip(self.names, self.kinds, strict=True))
 
-    def cast(self, args: Sequence[Any], kwargs: dict[str, Any], to: torch.dtype) -> tuple[list[Any], dict[str, Any]]:
-        new_args = [_cast_arg(a, k, to) for a, k in zip(args, self.kinds, strict=False)]
-        new_kwargs = {n: _cast_arg(v, self.kind_of.get(n, _OTHER), to) for n, v in kwargs.items()}
+    def cast(self, args: Sequence[Any], kwargs: dict[str, Any], to: torch.dtype, device: str) -> tuple[list[Any], dict[str, Any]]:
+        new_args = [_cast_arg(a, k, to, device) for a, k in zip(args, self.kinds, strict=False)]
+        new_kwargs = {n: _cast_arg(v, self.kind_of.get(n, _OTHER), to, device) for n, v in kwargs.items()}
         return new_args, new_kwargs
 
-    def promote_type(self, args: Sequence[Any], kwargs: dict[str, Any]) -> torch.dtype:
+    def promote_type(self, args: Sequence[Any], kwargs: dict[str, Any], device: str) -> torch.dtype:
         """at::autocast::promote_type: Tensor and Tensor[] arguments vote, Tensor? do not."""
-        current = torch.get_autocast_dtype(DEVICE)
+        current = torch.get_autocast_dtype(device)
         pairs = [*zip(args, self.kinds, strict=False), *((v, self.kind_of.get(n, _OTHER)) for n, v in kwargs.items())]
         for value, kind in pairs:
             if kind == _TENSOR:
-                current = _prioritize(current, value)
+                current = _prioritize(current, value, device)
             elif kind == _TENSOR_LIST:
                 for t in value:
-                    current = _prioritize(current, t)
+                    current = _prioritize(current, t, device)
         return current
 
 
-def _cast_arg(value: Any, kind: str, to: torch.dtype) -> Any:
+def _cast_arg(value: Any, kind: str, to: torch.dtype, device: str) -> Any:
     if kind in (_TENSOR, _OPTIONAL_TENSOR):
-        return _cast_tensor(value, to) if value is not None else None
+        return _cast_tensor(value, to, device) if value is not None else None
     if kind == _TENSOR_LIST:
-        return [_cast_tensor(t, to) for t in value]
+        return [_cast_tensor(t, to, device) for t in value]
     return value
 
 
-def _prioritize(current: torch.dtype, x: Any) -> torch.dtype:
-    if not (isinstance(x, torch.Tensor) and x.device.type == DEVICE and x.is_floating_point()):
+def _prioritize(current: torch.dtype, x: Any, device: str) -> torch.dtype:
+    if not (isinstance(x, torch.Tensor) and x.device.type == device and x.is_floating_point()):
         return current
-    lower = torch.get_autocast_dtype(DEVICE)
+    lower = torch.get_autocast_dtype(device)
     if x.dtype == torch.float64:
         return current  # double tensors are ignored
     if current == torch.float32 or x.dtype == torch.float32:
@@ -216,59 +224,61 @@ def _prioritize(current: torch.dtype, x: Any) -> torch.dtype:
 
 
 # -- one kernel per policy ------------------------------------------------------------------------
-def _below_autocast(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
+def _below_autocast(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any], device: str) -> Any:
+    with torch._C._ExcludeDispatchKeyGuard(_key_set(device)):
         return op(*args, **kwargs)
 
 
-def _cast_kernel(op: torch._ops.OpOverload, to: Callable[[], torch.dtype]) -> Callable[..., Any]:
+def _cast_kernel(op: torch._ops.OpOverload, to: Callable[[], torch.dtype], device: str) -> Callable[..., Any]:
     sig = _Signature(op)
+    keys = _key_set(device)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
-            new_args, new_kwargs = sig.cast(args, kwargs, to())
+        with torch._C._ExcludeDispatchKeyGuard(keys):
+            new_args, new_kwargs = sig.cast(args, kwargs, to(), device)
             return op(*new_args, **new_kwargs)
 
     return kernel
 
 
-def _promote_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
+def _promote_kernel(op: torch._ops.OpOverload, device: str) -> Callable[..., Any]:
     sig = _Signature(op)
+    keys = _key_set(device)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
-            new_args, new_kwargs = sig.cast(args, kwargs, sig.promote_type(args, kwargs))
+        with torch._C._ExcludeDispatchKeyGuard(keys):
+            new_args, new_kwargs = sig.cast(args, kwargs, sig.promote_type(args, kwargs, device), device)
             return op(*new_args, **new_kwargs)
 
     return kernel
 
 
-def _set_opt_dtype_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
+def _set_opt_dtype_kernel(op: torch._ops.OpOverload, device: str) -> Callable[..., Any]:
     names = [a.name for a in op._schema.arguments]
     at = names.index("dtype")
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         # An explicit dtype is respected; an ineligible input runs unchanged (setting a
         # dtype there could change the op's own promotion).
-        if _eligible(args[0]):
+        if _eligible(args[0], device):
             if len(args) > at:
                 if args[at] is None:
                     args = (*args[:at], torch.float32, *args[at + 1 :])
             elif kwargs.get("dtype") is None:
                 kwargs = {**kwargs, "dtype": torch.float32}
-        return _below_autocast(op, args, kwargs)
+        return _below_autocast(op, args, kwargs, device)
 
     return kernel
 
 
-def _append_dtype_kernel(op: torch._ops.OpOverload, target: torch._ops.OpOverload) -> Callable[..., Any]:
+def _append_dtype_kernel(op: torch._ops.OpOverload, target: torch._ops.OpOverload, device: str) -> Callable[..., Any]:
     names = [a.name for a in op._schema.arguments]
     defaults = [a.default_value if a.has_default_value() else None for a in op._schema.arguments]
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         full = [*args, *(kwargs.get(n, d) for n, d in zip(names[len(args) :], defaults[len(args) :], strict=True))]
-        dtype = torch.float32 if _eligible(full[0]) else full[0].dtype
-        return _below_autocast(target, full, {"dtype": dtype})
+        dtype = torch.float32 if _eligible(full[0], device) else full[0].dtype
+        return _below_autocast(target, full, {"dtype": dtype}, device)
 
     return kernel
 
@@ -285,19 +295,20 @@ def _overload(name: str) -> torch._ops.OpOverload:
     return getattr(getattr(torch.ops.aten, packet), overload or "default")
 
 
-def kernels() -> dict[str, Callable[..., Any]]:
-    """Overload name -> AutocastPrivateUse1 kernel, for every op of CUDA's policy."""
+def kernels(device: str = DEVICE) -> dict[str, Callable[..., Any]]:
+    """Overload name -> the autocast kernel of ``device`` (its key: ``AUTOCAST_KEYS``), for
+    every op of CUDA's policy."""
     out: dict[str, Callable[..., Any]] = {}
     for name in LOWER_PRECISION_FP:
-        out[name] = _cast_kernel(_overload(name), lambda: torch.get_autocast_dtype(DEVICE))
+        out[name] = _cast_kernel(_overload(name), lambda: torch.get_autocast_dtype(device), device)
     for name in FP32:
-        out[name] = _cast_kernel(_overload(name), lambda: torch.float32)
+        out[name] = _cast_kernel(_overload(name), lambda: torch.float32, device)
     for name in FP32_SET_OPT_DTYPE:
-        out[name] = _set_opt_dtype_kernel(_overload(name))
+        out[name] = _set_opt_dtype_kernel(_overload(name), device)
     for name, target in FP32_APPEND_DTYPE.items():
-        out[name] = _append_dtype_kernel(_overload(name), _overload(target))
+        out[name] = _append_dtype_kernel(_overload(name), _overload(target), device)
     for name in PROMOTE:
-        out[name] = _promote_kernel(_overload(name))
+        out[name] = _promote_kernel(_overload(name), device)
     for name, message in BANNED.items():
         out[name] = _banned_kernel(message)
     return out
@@ -333,7 +344,7 @@ def register() -> None:
         return
     lib = torch.library.Library("aten", "IMPL")
     for name, kernel in kernels().items():
-        lib.impl(name, kernel, "AutocastPrivateUse1")
+        lib.impl(name, kernel, AUTOCAST_KEYS[DEVICE])
     _libs.append(lib)
     _install_cache_clearing()
     set_default_dtype()
