@@ -73,3 +73,17 @@ def test_bool_and_empty_tensor_constants_fold_into_the_program() -> None:
     x = torch.randn(2, 3)
     _assert_same(_compiled(f)(x.to(TPU)), f(x.to(TPU)))
     torch.testing.assert_close(_compiled(f)(x.to(TPU))[0].cpu(), f(x)[0])
+
+
+def test_bfloat16_tensor_constants_fold_into_the_program() -> None:
+    """numpy has no bfloat16 of its own (GPT-2 under autocast folded one: "Got unsupported
+    ScalarType BFloat16")."""
+
+    def f(x):
+        scale = torch.tensor([[0.5, -2.0, 3.25]], dtype=torch.bfloat16, device=x.device)
+        return x * scale
+
+    x = torch.randn(2, 3, dtype=torch.bfloat16)
+    out = _compiled(f)(x.to(TPU))
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.cpu(), f(x), rtol=0, atol=0)

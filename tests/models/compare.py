@@ -62,6 +62,9 @@ LOW_PRECISION_FLOOR = 2.0**-8  # one rounding of bfloat16 (its unit roundoff)
 # cdist's float-only dispatch), not for an argument every device refuses
 CPU_KERNEL_LIMITS = ("could not create a primitive descriptor", "not implemented for 'BFloat16'")
 NEAR_SUBNORMAL = torch.finfo(torch.float32).tiny * 2.0**24
+# an eager kernel's check that compiled code makes on no backend (inductor on the CPU fills
+# bfloat16 with float32's minimum as -inf where the eager kernel raises)
+UNCHECKED_COMPILED = "value cannot be converted to type"
 RERUN_SEEDS = (2, 3, 4)  # the inputs' seeds of a low-precision case that missed the bound
 
 
@@ -402,21 +405,29 @@ def _train_loss(model: Callable[..., Any], inputs: dict[str, Any], device: str, 
         return _loss(model, inputs)
 
 
-def _refused_by_the_cpu(result: ModelResult, cpu_error: Exception, precision: str, tpu_run: Callable[[], Any]) -> ModelResult:
+def _refused_by_the_cpu(result: ModelResult, cpu_error: Exception, precision: str, tpu_run: Callable[[], Any], compile: bool) -> ModelResult:
     """The CPU refuses the model in this precision (a bfloat16 fft, a float32 minimum
-    filled into bfloat16 scores): n/a when tpu refuses it with the same exception, a
-    failure when tpu runs it or raises something else (the user would not be told)."""
+    filled into bfloat16 scores): n/a when tpu refuses it with the same exception (compiled:
+    Dynamo's wrapping of it), a failure when tpu runs it or raises something else (the
+    user would not be told)."""
     stage = "forward" if "forward" not in result.stages else "backward"
     try:
         tpu_run()
     except Exception as e:  # noqa: BLE001 - compared with the CPU's
-        if type(e) is type(cpu_error) and str(e) == str(cpu_error):
+        same = type(e) is type(cpu_error) and str(e) == str(cpu_error)
+        if same or (compile and str(cpu_error) in str(e)):
             result.unsupported = f"the CPU and tpu both refuse it in {precision}: {_error(cpu_error).detail}"
             return result
         result.stages[stage] = StageResult(False, f"the CPU raises {_error(cpu_error).detail}; tpu raises {_error(e).detail}")
         return result
     if any(limit in str(cpu_error) for limit in CPU_KERNEL_LIMITS):
         result.unsupported = f"the CPU's kernel cannot run it in {precision} (tpu does; nothing to compare with): {_error(cpu_error).detail}"
+        return result
+    if compile and str(cpu_error).startswith(UNCHECKED_COMPILED):
+        result.unsupported = (
+            f"the CPU refuses it eagerly ({_error(cpu_error).detail}); compiled code, ours as inductor's, "
+            "does not check a Python scalar against the tensor's dtype"
+        )
         return result
     result.stages[stage] = StageResult(False, f"the CPU raises {_error(cpu_error).detail}; tpu runs it")
     return result
@@ -455,7 +466,7 @@ def _run_case(case: ModelCase, attn: str | None, compile: bool, precision: str, 
     try:
         expected = _eval_outputs(cpu_model, inputs, "cpu", precision)
     except Exception as e:  # noqa: BLE001 - the CPU's own limit in this precision
-        return _refused_by_the_cpu(result, e, precision, lambda: _eval_outputs(tpu_call, tpu_inputs, "tpu", precision))
+        return _refused_by_the_cpu(result, e, precision, lambda: _eval_outputs(tpu_call, tpu_inputs, "tpu", precision), compile)
     try:
         actual = _eval_outputs(tpu_call, tpu_inputs, "tpu", precision)
         if len(expected) != len(actual):
@@ -473,7 +484,7 @@ def _run_case(case: ModelCase, attn: str | None, compile: bool, precision: str, 
         cpu_loss = _train_loss(cpu_model, inputs, "cpu", precision)
         cpu_loss.backward()
     except Exception as e:  # noqa: BLE001 - the CPU's own limit in this precision
-        return _refused_by_the_cpu(result, e, precision, lambda: _train_loss(tpu_call, tpu_inputs, "tpu", precision).backward())
+        return _refused_by_the_cpu(result, e, precision, lambda: _train_loss(tpu_call, tpu_inputs, "tpu", precision).backward(), compile)
     try:
         tpu_loss = _train_loss(tpu_call, tpu_inputs, "tpu", precision)
         tpu_loss.backward()

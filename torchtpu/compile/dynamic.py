@@ -41,7 +41,6 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..eager import buckets
@@ -273,8 +272,8 @@ def _own_storage(t: torch.Tensor) -> bool:
 
 
 def _pad_host(t: torch.Tensor, pads: list[tuple[int, int]]) -> torch.Tensor:
-    arr = t.detach().cpu().numpy()
-    padded = torch.from_numpy(np.pad(arr, pads))
+    flat = [n for before_after in reversed(pads) for n in before_after]  # F.pad's order: last dimension first
+    padded = torch.nn.functional.pad(t.detach().cpu(), flat)
     return padded.to(t.device) if t.device.type == "tpu" else padded
 
 

@@ -17,7 +17,7 @@ import torch
 
 from ..eager.minimal import covers_storage, to_cpu
 from ..runtime import pjrt
-from ..stablehlo.types import numpy_dtype
+from ..stablehlo.types import host_numpy, numpy_dtype
 from ..tensor.storage import cell_of
 
 
@@ -82,8 +82,7 @@ class Whole:
 
     def store(self, host: torch.Tensor) -> None:
         """Make ``host`` (flat, same dtype) the storage's new buffer: every alias sees it."""
-        arr = host.view(torch.int16).numpy() if host.dtype is torch.bfloat16 else host.numpy()
-        arr = arr.view(numpy_dtype(self.cell.dtype)).reshape(self.cell.shape)
+        arr = host_numpy(host).view(numpy_dtype(self.cell.dtype)).reshape(self.cell.shape)
         # a copy on purpose: a buffer aliasing host memory (PjRT's zero-copy put) cannot be
         # donated, so every later in-place write into the storage (DDP's bucket fill: one
         # program per gradient) would copy the whole buffer -- measured: DDP's host step

@@ -13,7 +13,7 @@ from .. import _spans, metrics, op_report
 from ..lowering.strided import contiguous_strides, storage_extent, storage_param
 from ..runner import checks
 from ..runtime import pjrt
-from ..stablehlo.types import numpy_dtype
+from ..stablehlo.types import host_numpy, numpy_dtype
 from ..tensor.storage import _CPU_KEYSET, Cell, _set_storage, attach, cell_of, new_tensor
 
 aten = torch.ops.aten
@@ -43,10 +43,7 @@ def _check_device(device: Any) -> None:
 # -- host <-> device --------------------------------------------------------------
 def _host_array(t: torch.Tensor) -> np.ndarray:
     """A contiguous numpy array with the bytes of a CPU tensor (bf16 via ml_dtypes)."""
-    t = t.detach().resolve_conj().resolve_neg().contiguous()
-    if t.dtype is torch.bfloat16:
-        return t.view(torch.int16).numpy().view(numpy_dtype(torch.bfloat16))
-    return t.numpy()
+    return host_numpy(t.detach().resolve_conj().resolve_neg().contiguous())
 
 
 def from_cpu(t: torch.Tensor, keep_layout: bool = False) -> torch.Tensor:

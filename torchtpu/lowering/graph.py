@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_unflatten
 
 from ..errors import not_implemented
 from ..stablehlo.builder import Value
+from ..stablehlo.types import host_numpy
 from .context import ProgramContext, lower_call, meta_of, op_name
 
 
@@ -63,7 +64,7 @@ def _constant(ctx: ProgramContext, t: torch.Tensor) -> Value:
     t = t.detach()
     if t.numel() == 1:
         return ctx.b.broadcast_in_dim(ctx.b.constant(t.reshape(()).item(), t.dtype), t.shape, [])
-    return ctx.b.constant_array(t.cpu().numpy(), t.dtype)
+    return ctx.b.constant_array(host_numpy(t.cpu().resolve_conj().resolve_neg()), t.dtype)
 
 
 class GraphHooks:

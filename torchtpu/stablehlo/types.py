@@ -48,6 +48,14 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return _TABLE[dtype][1]
 
 
+def host_numpy(t: torch.Tensor) -> np.ndarray:
+    """The numpy array over a CPU tensor's values, in the dtype ``numpy_dtype`` gives
+    (``Tensor.numpy()`` refuses bfloat16, which numpy knows only through ml_dtypes)."""
+    if t.dtype is torch.bfloat16:
+        return t.view(torch.int16).numpy().view(numpy_dtype(torch.bfloat16))
+    return t.numpy()
+
+
 def torch_dtype(np_dtype: np.dtype) -> torch.dtype:
     return _FROM_NUMPY[np.dtype(np_dtype)]
 
