@@ -87,6 +87,7 @@ class StageResult:
     # low precision: the stage failed only by missing the error bound (no exception, no
     # dtype or shape difference), which a rounding at a discontinuity can do by chance
     missed_bound: bool = False
+    passed_on_other_inputs: bool = False  # missed the bound on the first inputs only
 
 
 @dataclasses.dataclass
@@ -375,7 +376,7 @@ def _other_inputs_decide(result: ModelResult, case: ModelCase, attn: str | None,
         return result
     for stage in result.stages.values():
         if not stage.ok:
-            stage.ok = True
+            stage.ok = stage.passed_on_other_inputs = True
             stage.detail = f"passes on {passed} of {len(reruns)} other inputs; missed on the first: {stage.detail}"
     return result
 

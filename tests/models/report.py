@@ -67,7 +67,7 @@ COMPILED_METHOD = (
 
 def _rerun_note(result: ModelResult) -> str:
     """A low-precision stage that passed on other inputs after missing on the first."""
-    return next((f"{stage}: {s.detail}" for stage, s in result.stages.items() if s.detail.startswith("passes on")), "")
+    return next((f"{stage}: {s.detail}" for stage, s in result.stages.items() if s.passed_on_other_inputs), "")
 
 
 def render(results: list[ModelResult], seconds: float, compiled: bool = False, precision: str = "float32") -> str:

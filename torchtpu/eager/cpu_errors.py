@@ -27,9 +27,9 @@ def _to_cpu(v: Any, uninitialized_floats: bool = False) -> Any:
     storage (an ``out=`` tensor may be resized), or the CPU device for a tpu one.
     ``uninitialized_floats``: a floating-point tensor gets the geometry without its values
     (nothing read from the device), for errors that do not depend on them."""
-    if isinstance(v, torch.Tensor) and v.device.type == "tpu" and uninitialized_floats and (v.is_floating_point() or v.is_complex()):
-        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype).requires_grad_(v.requires_grad)
     if isinstance(v, torch.Tensor) and v.device.type == "tpu":
+        if uninitialized_floats and (v.is_floating_point() or v.is_complex()):
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype).requires_grad_(v.requires_grad)
         host = v.detach().cpu()
         try:
             copy = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype).copy_(host)

@@ -37,6 +37,7 @@ _ACCEPTED = BoundedCache("scalar arguments the CPU accepted", limit=4096)
 
 def suspect(plan: OpPlan, values: list[Any]) -> bool:
     """Whether a ``Scalar`` argument of this call may not fit a dtype of the call."""
+    dtypes = None  # the call's dtypes, found once a value needs them
     for i in plan.scalar_positions:
         v = values[i]
         if type(v) is int and -128 <= v <= 127:
@@ -45,7 +46,8 @@ def suspect(plan: OpPlan, values: list[Any]) -> bool:
             continue
         if v is None or isinstance(v, bool):
             continue
-        if not all(_fits(v, dtype) for dtype in _dtypes(plan, values)):
+        dtypes = dtypes or _dtypes(plan, values)
+        if not all(_fits(v, dtype) for dtype in dtypes):
             return True
     return False
 
