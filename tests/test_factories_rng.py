@@ -265,3 +265,30 @@ def test_integer_linspace_logspace_truncate_like_the_cpu(dtype):
     for fn, args in ((torch.linspace, (50, 1, 50)), (torch.linspace, (4.3, 40.9, 13)), (torch.logspace, (4.3, 2, 4, 3.0))):
         got = fn(*args, dtype=dtype, device=TPU)
         assert torch.equal(got.cpu(), fn(*args, dtype=dtype)), (fn, args)
+
+
+# every random op that takes generator=, on tpu (the CPU's own ops take a CPU generator)
+GENERATOR_CALLS = {
+    "randn": lambda g: torch.randn(3, device=TPU, generator=g),
+    "rand": lambda g: torch.rand(3, device=TPU, generator=g),
+    "randint": lambda g: torch.randint(0, 5, (3,), device=TPU, generator=g),
+    "randperm": lambda g: torch.randperm(5, device=TPU, generator=g),
+    "uniform_": lambda g: torch.zeros(4, device=TPU).uniform_(generator=g),
+    "normal_": lambda g: torch.zeros(4, device=TPU).normal_(generator=g),
+    "normal": lambda g: torch.normal(torch.zeros(3, device=TPU), 1.0, generator=g),
+    "bernoulli": lambda g: torch.bernoulli(torch.full((3,), 0.5, device=TPU), generator=g),
+    "multinomial": lambda g: torch.multinomial(torch.ones(4, device=TPU), 2, generator=g),
+    "init.trunc_normal_": lambda g: torch.nn.init.trunc_normal_(torch.zeros(3, device=TPU), generator=g),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
+@pytest.mark.parametrize("name", GENERATOR_CALLS)
+def test_a_generator_of_another_device_raises_like_cuda(name, mode):
+    """CUDA refuses a CPU generator for a cuda op ("Expected a 'cuda' device type for
+    generator but found 'cpu'"); tpu drew from its own state and ignored it, so two draws
+    from one seeded generator differed with no error."""
+    g = torch.Generator().manual_seed(0)
+    with torchtpu.eager_mode(mode), pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but found 'cpu'"):
+        GENERATOR_CALLS[name](g)
+    GENERATOR_CALLS[name](None)  # generator=None draws from the device state

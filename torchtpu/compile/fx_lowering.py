@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import os
 import sys
 import weakref
@@ -39,7 +40,7 @@ from ..eager import deferred, rng
 from ..errors import TpuError
 from ..lowering import registry
 from ..lowering.collectives import ReplicaLayout
-from ..lowering.context import NodeLowering, ProgramContext, ScalarValue, conform
+from ..lowering.context import NodeLowering, ProgramContext, ScalarValue, conform, lower_call
 from ..lowering.graph import GraphHooks, lower_graph
 from ..lowering.strided import (
     buffer_shape,
@@ -62,6 +63,11 @@ _SKIPPED = {
     aten.sym_constrain_range_for_size.default,
     aten._assert_async.msg,
 }
+# torch.utils.checkpoint under torch.compile: the partitioner recomputes a checkpointed
+# random op in the backward from the RNG state its forward saved (_functorch/partitioners.py,
+# functionalize_rng_ops). Ours is the op's [seed, counter] program state (see _Hooks).
+_RUN_AND_SAVE_RNG_STATE = torch._prims.rng_prims.run_and_save_rng_state
+_RUN_WITH_RNG_STATE = torch._prims.rng_prims.run_with_rng_state
 _dump_ids = itertools.count()
 _tokens = itertools.count()
 GRAPHS: weakref.WeakSet = weakref.WeakSet()  # every live CompiledGraph (tests, debugging)
@@ -204,6 +210,15 @@ class _Hooks(GraphHooks):
 
     def node(self, ctx: ProgramContext, node: torch.fx.Node, args: Any, kwargs: Any) -> tuple[bool, Any]:
         target = node.target
+        if target is _RUN_AND_SAVE_RNG_STATE:  # forward: (the state the op draws from, its result)
+            op, *rest = args
+            self._fresh_rng_state(ctx)
+            state = ctx.rng_state
+            return True, (state, lower_call(ctx, op, rest, kwargs, self._meta(_random_result(node))))
+        if target is _RUN_WITH_RNG_STATE:  # backward: the same op again, from that state
+            state, op, *rest = args
+            ctx.rng_state, ctx._philox_state = state, None
+            return True, lower_call(ctx, op, rest, kwargs, self._meta(node))
         if not isinstance(target, torch._ops.OpOverload):
             return True, target(*args, **kwargs)  # operator.mul on sizes, sym_float, ...
         if target in _SKIPPED:
@@ -220,6 +235,9 @@ class _Hooks(GraphHooks):
         if target in registry.RANDOM or torch.Tag.nondeterministic_seeded in target.tags:
             self._fresh_rng_state(ctx)
         return False, None
+
+    def _meta(self, node: torch.fx.Node | None) -> Any:
+        return node.meta.get("val") if node is not None and self.use_meta else None
 
     def _mutate(self, ctx: ProgramContext, index: int, dst: Value, src: Value) -> Value:
         value = _copy(ctx, dst, src)
@@ -238,6 +256,25 @@ class _Hooks(GraphHooks):
         ctx.rng_state = b.concatenate([seed, counter], 0)
         ctx._philox_state = None
         self.n_random += 1
+
+
+def _random_result(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The node reading the op's result out of ``run_and_save_rng_state``'s pair (it carries
+    the op's fake value)."""
+    return next((u for u in node.users if u.target is operator.getitem and u.args[1] == 1), None)
+
+
+def _saved_rng_state(node: Any) -> bool:
+    """Whether graph output ``node`` is the RNG state a recomputed random op saved. Its fake
+    value is the CPU generator's state whatever the device (the partitioner asks only
+    CUDA-like devices for theirs); the program returns the op's u64[2] state on the device."""
+    return (
+        isinstance(node, torch.fx.Node)
+        and node.target is operator.getitem
+        and isinstance(node.args[0], torch.fx.Node)
+        and node.args[0].target is _RUN_AND_SAVE_RNG_STATE
+        and node.args[1] == 0
+    )
 
 
 _STRIDED_READS = (aten.as_strided.default, aten.as_strided_copy.default)
@@ -338,7 +375,7 @@ def _static_dim(b: Any, v: Value, d: int) -> Value:
 def _on_host(node: Any) -> bool:
     """Whether graph output ``node`` is a CPU tensor (its fake value's device)."""
     meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return isinstance(meta, torch.Tensor) and meta.device.type == "cpu"
+    return isinstance(meta, torch.Tensor) and meta.device.type == "cpu" and not _saved_rng_state(node)
 
 
 def _static(meta: Any) -> bool:
@@ -583,7 +620,7 @@ class CompiledGraph:
             return ("view", self.placeholders[chain[0]], tuple((n.target, n.args[1:], n.kwargs) for n in chain[1:])), None
         if not isinstance(v, Value):
             return ("const", v), None
-        meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        meta = node.meta.get("val") if isinstance(node, torch.fx.Node) and not _saved_rng_state(node) else None
         if _static(meta):
             shape, dtype, stride = tuple(meta.shape), meta.dtype, meta.stride()
         else:

@@ -59,6 +59,15 @@ def init() -> None:
     _pjrt.get()
 
 
+def __getattr__(name: str) -> Any:
+    # ``torch.cuda._initialized`` is a flag PyTorch reads through the device module:
+    # torch.utils.checkpoint stashes and restores the device's RNG state only when it is
+    # true, so without it every checkpointed dropout redraws its mask in the backward.
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def device_count() -> int:
     return 1
 

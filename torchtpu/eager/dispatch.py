@@ -213,6 +213,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     if plan.scalar_positions and scalar_range.suspect(plan, values):
         scalar_range.check(plan, values, args, kwargs, key)
     if plan.random:
+        if plan.generator_position is not None:
+            rng.check_generator(values[plan.generator_position])
         key = key + (rng.STATE_KEY,)
     donate = _donatable(plan, values, call) if plan.mutable and mode != modes.DEFER else ()
     if donate:

@@ -114,6 +114,7 @@ class OpPlan:
         # sum(x, 0, out=long_tensor): the CPU computes in out's dtype when dtype= is not given
         self.dtype_from_out = bool(self.out_positions) and schema.name.split("::")[1] in _DTYPE_FROM_OUT
         self.random = functional in registry.RANDOM
+        self.generator_position = self.names.index("generator") if "generator" in self.names else None
 
     def _return_sources(self, schema: Any) -> list[tuple[str, int]]:
         sources = []

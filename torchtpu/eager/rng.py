@@ -57,3 +57,17 @@ def set_state(state: torch.Tensor) -> None:
         raise ValueError(f"torch.tpu.set_rng_state expects the 16-byte tensor get_rng_state returns, got {state.numel()} bytes")
     with _lock:
         _seed, _counter = int(arr[0]), int(arr[1])
+
+
+def check_generator(generator: torch.Generator | None) -> None:
+    """A random op on tpu given ``generator=``: CUDA's error for a generator of another
+    device. Every generator is one (tpu has none of its own: ``torch.Generator("tpu")``
+    needs C++ hooks), and drawing from the device state instead would silently ignore it."""
+    if generator is None:
+        return
+    raise RuntimeError(
+        f"Expected a 'tpu' device type for generator but found '{generator.device.type}'. torchtpu draws every "
+        "random op from the device's own state: seed it with torch.manual_seed (or torch.tpu.manual_seed), "
+        "save and restore it with torch.tpu.get_rng_state/set_rng_state, or draw on the generator's device "
+        "and move the result with .to('tpu')"
+    )
