@@ -107,3 +107,61 @@ def test_is_available_does_not_start_the_device():
         "assert not pjrt.started(), 'is_available() started the device'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_streams_and_events_as_cuda_code_uses_them():
+    """CUDA-style code runs unchanged: a side stream, an event marking work, waiting on it."""
+    s = torch.tpu.Stream()
+    assert torch.tpu.current_stream() == s == torch.tpu.default_stream()  # one in-order queue
+    x = torch.randn(256, 256, device="tpu")
+    with torch.tpu.stream(s):
+        y = x @ x
+    done = torch.tpu.Event()
+    assert done.query()  # not recorded: nothing to wait for
+    done.record()
+    torch.tpu.current_stream().wait_event(done)
+    done.synchronize()
+    assert done.query()
+    assert s.record_event().query() is not None
+    torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu(), rtol=1.3e-6 * 256, atol=1e-4)
+
+
+def test_event_marks_deferred_work():
+    """Under DeferAndFuse the pending graph runs at record(), so the mark covers it."""
+    x = torch.ones(8, device="tpu")
+    with torchtpu.eager_mode("defer_and_fuse"):
+        y = (x * 3).sum()
+        e = torch.tpu.Event()
+        e.record()
+    e.synchronize()
+    assert e.query() and y.item() == 24.0
+
+
+def test_event_timing_measures_the_work_between_records():
+    """``start.elapsed_time(end)`` in milliseconds: more work between the marks takes longer."""
+    x = torch.randn(512, 512, device="tpu")
+    (x @ x).sum().item()  # compiled and warm
+
+    def timed(n: int) -> float:
+        start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+        start.record()
+        y = x
+        for _ in range(n):
+            y = y @ x
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    one, many = min(timed(1) for _ in range(3)), min(timed(40) for _ in range(3))
+    assert 0 < one < many
+
+
+def test_event_timing_errors_like_cuda():
+    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    start.record()
+    with pytest.raises(RuntimeError, match="Both events must be recorded"):
+        start.elapsed_time(end)
+    plain = torch.tpu.Event()
+    plain.record()
+    with pytest.raises(RuntimeError, match="enable_timing=True"):
+        start.elapsed_time(plain)

@@ -17,6 +17,7 @@ from ..runner.precision import Precision, get_precision, precision  # noqa: F401
 from ..runtime import memory as _memory
 from ..runtime import pjrt as _pjrt
 from ..runtime import platforms as _platforms
+from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401 - torch.tpu API
 
 _DeviceProperties = namedtuple("_DeviceProperties", ["name", "platform", "type", "total_memory", "supports_float64"])
 

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from .. import config, metrics
 from ..errors import TpuError
 from ..runtime import pjrt, platforms
-from . import _fsdp, _streams
+from . import _fsdp
 from ._work import TpuWork, completed
 from .gloo_host import GlooHostTransport
 
@@ -107,7 +107,6 @@ class TpuProcessGroup(dist.ProcessGroup):
         # itself, as a member of the distributed runtime.
         if kind == "host":
             pjrt.get()
-        _streams.install()  # FSDP2 asks torch.tpu for streams and events
         _fsdp.install()  # and frees parameter storage by resizing it
         try:
             self._t = make_transport(store, rank, size, timeout, global_ranks, kind)

@@ -232,6 +232,12 @@ def track(outs: list[Any]) -> None:
         _pending.extend(keep)
 
 
+def recent_results() -> list[weakref.ref]:
+    """Weak references to the recent result buffers (kept for ``synchronize()``): waiting
+    for them waits for the work enqueued so far, the device being one in-order queue."""
+    return list(_pending)
+
+
 def take_pending() -> list[Any]:
     """The tracked buffers still alive (and forget them)."""
     bufs = [b for r in _pending if (b := r()) is not None and not b.is_deleted()]

@@ -1,0 +1,146 @@
+"""``torch.tpu.Stream``, ``Event``, ``current_stream``, ``stream``: CUDA's stream API.
+
+A PjRT device runs its programs as one in-order queue, so every stream is that queue:
+``wait_stream`` and ``Event.wait`` have nothing to order, and a stream context changes
+nothing. What code written for CUDA relies on still holds:
+
+- ``Event.record()`` marks the work enqueued so far (DeferAndFuse's pending graph is run
+  first, so the mark covers it); ``query()`` says whether it has finished and
+  ``synchronize()`` waits for it.
+- Timing, ``Event(enable_timing=True)`` and ``start.elapsed_time(end)``: a timing event's
+  ``record()`` waits until the device has finished the work before it, then reads the
+  clock, so the time between two events is the device's time for what ran between them
+  (CUDA's events read a device clock without waiting; the measure is the same).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ..runner import checks
+from ..runner.program import recent_results
+from ..runtime import pjrt
+
+
+def _mark() -> list[weakref.ref]:
+    """The device's enqueued work so far, as weak references to its latest results (a
+    strong one would make them look shared to the donation checks)."""
+    if not pjrt.started():
+        return []
+    from ..eager import deferred
+
+    deferred.flush("event")
+    return recent_results()
+
+
+def _finished(mark: list[weakref.ref]) -> bool:
+    return all(b is None or b.is_deleted() or pjrt.Runtime.is_ready(b) for b in (r() for r in mark))
+
+
+def _wait(mark: list[weakref.ref]) -> None:
+    bufs = [b for r in mark if (b := r()) is not None and not b.is_deleted()]
+    if bufs:
+        pjrt.get().block(bufs)
+    checks.raise_pending()
+
+
+class Event:
+    """A mark in the device's queue (``torch.cuda.Event``)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+        self._mark: list[weakref.ref] | None = None  # None until recorded
+        self._time: float | None = None  # perf_counter when the device reached the mark
+
+    def record(self, stream: Stream | None = None) -> None:
+        self._mark = _mark()
+        if self.enable_timing:
+            _wait(self._mark)
+            self._time = time.perf_counter()
+
+    def query(self) -> bool:
+        return self._mark is None or _finished(self._mark)
+
+    def synchronize(self) -> None:
+        if self._mark is not None:
+            _wait(self._mark)
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Make ``stream`` wait for this event: one in-order queue already does."""
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Milliseconds between this event and ``end_event`` (both recorded, with timing)."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True' to measure elapsed time.")
+        if self._time is None or end_event._time is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._time - self._time) * 1000.0
+
+    def __repr__(self) -> str:
+        return f"torch.tpu.Event(recorded={self._mark is not None}, enable_timing={self.enable_timing})"
+
+
+class Stream:
+    """The device's in-order queue (``torch.cuda.Stream``); every instance is that queue."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        self.priority = priority
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("tpu", 0)  # not at import: torch.tpu's default stream exists before "tpu" does
+
+    def wait_stream(self, stream: Stream) -> None:
+        """Order this stream after ``stream``: they are the same queue."""
+
+    def wait_event(self, event: Event) -> None:
+        event.wait(self)
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event if event is not None else Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return _finished(_mark())
+
+    def synchronize(self) -> None:
+        from . import synchronize
+
+        synchronize()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream)
+
+    def __hash__(self) -> int:
+        return hash(Stream)
+
+    def __repr__(self) -> str:
+        return "torch.tpu.Stream(device=tpu:0)"
+
+
+_DEFAULT = Stream()
+
+
+def current_stream(device: Any = None) -> Stream:
+    return _DEFAULT
+
+
+def default_stream(device: Any = None) -> Stream:
+    return _DEFAULT
+
+
+def set_stream(stream: Stream) -> None:
+    """Select ``stream``: every stream is the device's one queue."""
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None) -> Iterator[None]:
+    """``with torch.tpu.stream(s):``: work inside runs on the device's one queue."""
+    yield
