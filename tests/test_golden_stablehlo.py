@@ -310,7 +310,18 @@ def test_gamma_igamma_has_a_loop_per_algorithm() -> None:
     assert signature(text).endswith("-> (tensor<3xf32>) {")
 
 
+def test_rng_samplers_gamma_is_one_accept_loop_carrying_the_rng_state() -> None:
+    text = lower(aten._standard_gamma.default, T(5), random=True)
+    # one draw before the loop (the boost for alpha < 1), three per trip (Box-Muller's two
+    # uniforms and the acceptance uniform) from the Philox state the loop carries
+    assert text.count('"stablehlo.while"') == 1
+    assert text.count('"stablehlo.rng_bit_generator"') == 4
+    assert "tensor<3xui64>" in text.split('"stablehlo.while"')[1]  # the state is loop state
+    assert signature(text).endswith("-> (tensor<5xf32>) {")
+
+
 FAMILIES["polynomials"] = test_polynomials_chebyshev_t_is_one_while_loop
+FAMILIES["rng_samplers"] = test_rng_samplers_gamma_is_one_accept_loop_carrying_the_rng_state
 FAMILIES["gamma"] = test_gamma_igamma_has_a_loop_per_algorithm
 
 

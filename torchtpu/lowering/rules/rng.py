@@ -50,17 +50,34 @@ def _state(L: NodeLowering) -> Value:
     return state
 
 
-def bits(L: NodeLowering, shape: Sequence[int], dtype: torch.dtype = torch.uint32) -> Value:
-    """Uniform random bits (``uint32`` or ``uint64``) of ``shape``."""
-    state = _state(L)
+def draw_bits(b: Any, state: Value, shape: Sequence[int], dtype: torch.dtype = torch.uint32) -> tuple[Value, Value]:
+    """(the Philox state after, uniform random bits of ``shape``) drawn from ``state``: the
+    pure form, for loops that carry the state themselves (see ``philox_state``)."""
     shape = tuple(int(d) for d in shape)
-    new_state, out = L.b.op(
+    new_state, out = b.op(
         "stablehlo.rng_bit_generator",
         [state],
         [(state.shape, torch.uint64), (shape, dtype)],
         "rng_algorithm = #stablehlo<rng_algorithm PHILOX>",
     )
-    L.ctx._philox_state = (L.ctx.rng_state, new_state)
+    return new_state, out
+
+
+def philox_state(L: NodeLowering) -> Value:
+    """The program's current Philox state, for a sampler that draws inside a loop; it must
+    hand the state the loop ends with to ``continue_from``."""
+    return _state(L)
+
+
+def continue_from(L: NodeLowering, state: Value) -> None:
+    """Later draws of this program start from ``state``."""
+    L.ctx._philox_state = (L.ctx.rng_state, state)
+
+
+def bits(L: NodeLowering, shape: Sequence[int], dtype: torch.dtype = torch.uint32) -> Value:
+    """Uniform random bits (``uint32`` or ``uint64``) of ``shape``."""
+    new_state, out = draw_bits(L.b, _state(L), shape, dtype)
+    continue_from(L, new_state)
     return out
 
 
@@ -69,23 +86,29 @@ def _float_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype is torch.float64 else torch.float32
 
 
-def uniform01(L: NodeLowering, shape: Sequence[int], dtype: torch.dtype, open_low: bool = False) -> Value:
-    """Uniform floats in [0, 1) (or (0, 1] with ``open_low``) in ``_float_dtype(dtype)``,
-    with as many random bits as ``dtype`` has mantissa digits."""
+def bits_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The raw bits a uniform float of ``dtype`` is made from."""
+    return torch.uint64 if _float_dtype(dtype) is torch.float64 else torch.uint32
+
+
+def unit_floats(L: NodeLowering, raw: Value, dtype: torch.dtype, open_low: bool = False) -> Value:
+    """Raw bits (``bits_dtype(dtype)``) as uniform floats in [0, 1) (or (0, 1] with
+    ``open_low``) in ``_float_dtype(dtype)``, with as many random bits as ``dtype`` has
+    mantissa digits."""
     cdt = _float_dtype(dtype)
     digits = _DIGITS.get(dtype, 24)
+    width = 64 if cdt is torch.float64 else 32
     b = L.b
-    if cdt is torch.float64:
-        raw = bits(L, shape, torch.uint64)
-        width = 64
-    else:
-        raw = bits(L, shape, torch.uint32)
-        width = 32
     raw = b.binary("shift_right_logical", raw, L.full(width - digits, raw.shape, raw.dtype))
     u = b.convert(raw, cdt)
     if open_low:
         u = b.binary("add", u, L.full(1, u.shape, cdt))
     return b.binary("multiply", u, L.full(2.0**-digits, u.shape, cdt))
+
+
+def uniform01(L: NodeLowering, shape: Sequence[int], dtype: torch.dtype, open_low: bool = False) -> Value:
+    """Uniform floats in [0, 1) (or (0, 1] with ``open_low``) in ``_float_dtype(dtype)``."""
+    return unit_floats(L, bits(L, shape, bits_dtype(dtype)), dtype, open_low)
 
 
 def _scalar(L: NodeLowering, x: Any, dtype: torch.dtype, shape: Sequence[int]) -> Value:
@@ -109,16 +132,20 @@ def _uniform(L: NodeLowering, shape: Sequence[int], dtype: torch.dtype, low: Any
     return b.select(b.compare(out, hi_d, "GE"), lo_d, out)
 
 
+def box_muller(L: NodeLowering, u1: Value, u2: Value) -> Value:
+    """Standard normal samples from uniforms ``u1`` in (0, 1] and ``u2`` in [0, 1)."""
+    b = L.b
+    shape, cdt = u1.shape, u1.dtype
+    r = b.unary("sqrt", b.binary("multiply", L.full(-2.0, shape, cdt), b.unary("log", u1)))
+    return b.binary("multiply", r, b.unary("cosine", b.binary("multiply", L.full(2 * math.pi, shape, cdt), u2)))
+
+
 def normal01(L: NodeLowering, shape: Sequence[int], dtype: torch.dtype) -> Value:
     """Standard normal samples (Box-Muller) in ``_float_dtype(dtype)``."""
-    b = L.b
     n = prod(shape)
     u1 = uniform01(L, (n,), dtype, open_low=True)  # (0, 1]: log is finite
     u2 = uniform01(L, (n,), dtype)
-    cdt = u1.dtype
-    r = b.unary("sqrt", b.binary("multiply", L.full(-2.0, (n,), cdt), b.unary("log", u1)))
-    z = b.binary("multiply", r, b.unary("cosine", b.binary("multiply", L.full(2 * math.pi, (n,), cdt), u2)))
-    return b.reshape(z, shape)
+    return L.b.reshape(box_muller(L, u1, u2), shape)
 
 
 def _normal(L: NodeLowering, mean: Any, std: Any) -> Value:

@@ -1,0 +1,265 @@
+"""Random samplers that draw until they accept: Gamma (so Dirichlet, Beta, Chi2, StudentT
+in ``torch.distributions``) and Poisson; and the reparameterized gradient of a Gamma sample.
+
+They use the algorithms of PyTorch's kernels (aten/src/ATen/native/Distributions.h), so
+the distributions and the edge values are the CPU's, not its exact numbers (the device
+draws from Philox):
+
+- Gamma(alpha): Marsaglia and Tsang's squeeze-and-reject method; alpha < 1 draws from
+  alpha + 1 and scales by U^(1/alpha). Results below the dtype's smallest normal number
+  (and NaN) become that number, as on the CPU.
+- Poisson(rate): Knuth's product of uniforms for rate < 10, Hormann's transformed
+  rejection (PTRS) above. A negative or NaN rate is the CPU's error.
+
+Every element loops at once: one ``stablehlo.while`` whose every trip draws fresh uniforms
+for the whole tensor, and an element keeps the first value it accepts. The loop stops when
+all have (a trip accepts an element with probability >= 0.95 for Gamma, and Knuth's count
+needs about rate + 1 trips), or after ``_MAX_TRIPS``: a bound no real draw reaches, so a
+NaN can never hang the device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ...stablehlo.builder import Value
+from ..context import NodeLowering
+from ..registry import register, register_meta
+from .polynomials import Expr
+from .rng import _float_dtype, bits_dtype, box_muller, continue_from, draw_bits, philox_state, uniform01, unit_floats
+
+aten = torch.ops.aten
+I64 = torch.int64
+_MAX_TRIPS = 4096
+
+
+class _Draws:
+    """Uniforms drawn inside a loop body from a Philox state the loop carries."""
+
+    def __init__(self, L: NodeLowering, state: Value, shape: tuple[int, ...], dtype: torch.dtype):
+        self.L, self.state, self.shape, self.dtype = L, state, shape, dtype
+
+    def uniform(self, open_low: bool = False) -> Value:
+        self.state, raw = draw_bits(self.L.b, self.state, self.shape, bits_dtype(self.dtype))
+        return unit_floats(self.L, raw, self.dtype, open_low)
+
+    def normal(self) -> Value:
+        u1 = self.uniform(open_low=True)  # (0, 1]: its log is finite
+        return box_muller(self.L, u1, self.uniform())
+
+
+def _accept_loop(L: NodeLowering, e: Expr, done: Value, result: Value, carried: list[Value], trip: Any) -> Value:
+    """``trip(draws, done, result, *carried) -> (accepted, value, carried')`` until every
+    element has accepted once (``done``); returns the accepted values."""
+    b = L.b
+    n_carried = len(carried)
+
+    def cond(i: Value, state: Value, done: Value, result: Value, *rest: Value) -> Value:
+        return b.binary("and", b.compare(i, b.constant(_MAX_TRIPS, I64), "LT"), L.any_true(e.not_(done)))
+
+    def body(i: Value, state: Value, done: Value, result: Value, *rest: Value) -> list[Value]:
+        draws = _Draws(L, state, e.shape, e.dtype)
+        accepted, value, rest = trip(draws, *rest)
+        take = e.both(accepted, e.not_(done))
+        return [b.binary("add", i, b.constant(1, I64)), draws.state, e.either(done, accepted), e.sel(take, value, result), *rest]
+
+    state = b.while_loop([b.constant(0, I64), philox_state(L), done, result, *carried], cond, body)
+    assert len(state) == 4 + n_carried
+    continue_from(L, state[1])
+    return state[3]
+
+
+def _at_least_tiny(e: Expr, x: Value, dtype: torch.dtype) -> Value:
+    """max(smallest normal of ``dtype``, x), NaN included (C++'s std::max(min, x))."""
+    tiny = e.c(torch.finfo(dtype).tiny)
+    return e.sel(e.cmp(x, tiny, "GT"), x, tiny)
+
+
+def gamma_samples(L: NodeLowering, alpha: Value) -> Value:
+    """Gamma(alpha, 1) samples in alpha's dtype (float32 or float64), before clamping."""
+    e = Expr(L, alpha.shape, alpha.dtype)
+    one = e.c(1.0)
+    boosted = e.cmp(alpha, 1.0, "LT")
+    scale = e.sel(boosted, L.b.binary("power", uniform01(L, alpha.shape, alpha.dtype, open_low=True), e.div(one, alpha)), one)
+    a = e.sel(boosted, e.add(alpha, one), alpha)
+    d = e.sub(a, e.c(1.0 / 3.0))
+    c = e.div(one, e.un("sqrt", e.mul(e.c(9.0), d)))
+
+    def trip(draws: _Draws, d: Value, c: Value) -> tuple[Value, Value, list[Value]]:
+        x = draws.normal()
+        u = draws.uniform(open_low=True)  # the CPU's 1 - U: log(u) is finite
+        y = e.add(one, e.mul(c, x))
+        v = e.mul(e.mul(y, y), y)
+        xx = e.mul(x, x)
+        squeeze = e.cmp(u, e.sub(one, e.mul(e.c(0.0331), e.mul(xx, xx))), "LT")
+        log_v = e.un("log", v)
+        exact = e.cmp(e.un("log", u), e.add(e.mul(e.c(0.5), xx), e.mul(d, e.add(e.sub(one, v), log_v))), "LT")
+        return e.both(e.cmp(y, 0.0, "GT"), e.either(squeeze, exact)), e.mul(d, v), [d, c]
+
+    never = e.not_(e.cmp(d, 0.0, "GT"))  # NaN or a negative alpha: no trip can accept
+    sample = _accept_loop(L, e, never, e.c(math.nan), [d, c], trip)
+    return e.mul(scale, sample)
+
+
+@register(aten._standard_gamma.default, random=True)
+def standard_gamma(L: NodeLowering, alpha: Value, generator: Any = None) -> Value:
+    out = L.out[0]
+    (a,) = L.promote(alpha, dtype=_float_dtype(out.dtype))
+    e = Expr(L, a.shape, a.dtype)
+    return L.to(_at_least_tiny(e, gamma_samples(L, a), out.dtype), out.dtype)
+
+
+@register_meta(aten._sample_dirichlet.default)
+def sample_dirichlet_meta(alpha: torch.Tensor, generator: Any = None) -> torch.Tensor:
+    """PyTorch has no Meta kernel for it: the samples are alpha's shape and dtype."""
+    return torch.empty_like(alpha)
+
+
+@register(aten._sample_dirichlet.default, random=True)
+def sample_dirichlet(L: NodeLowering, alpha: Value, generator: Any = None) -> Value:
+    """Gamma samples normalized along the last dim, as the CPU computes them: a sample
+    that is zero (or NaN) counts as the tiniest positive number, so it stays at the
+    dtype's smallest normal number, and a row of nothing but those is split equally.
+    Samples are float32 for float32 (CUDA's accumulation type; the CPU's is float64), so
+    concentrations below about 0.01 underflow to zero sooner than on the CPU, where such a
+    row comes out nearly one-hot and here more often split equally."""
+    out = L.out[0]
+    (a,) = L.promote(alpha, dtype=_float_dtype(out.dtype))
+    e = Expr(L, a.shape, a.dtype)
+    g = gamma_samples(L, a)
+    g = e.sel(e.cmp(g, 0.0, "GT"), g, e.c(0.0))
+    b = L.b
+    last = a.rank - 1
+    (total,) = b.reduce([g], [b.constant(0.0, a.dtype)], [last], lambda acc, v: [b.binary("add", acc, v)])
+    total = b.broadcast_in_dim(total, a.shape, list(range(last)))
+    parts = e.sel(e.cmp(total, 0.0, "GT"), e.div(g, total), e.c(1.0 / max(a.shape[last], 1)))
+    return L.to(_at_least_tiny(e, parts, out.dtype), out.dtype)
+
+
+@register(aten.poisson.default, random=True)
+def poisson(L: NodeLowering, rates: Value, generator: Any = None) -> Value:
+    out = L.out[0]
+    (lam,) = L.promote(rates, dtype=_float_dtype(out.dtype))
+    e = Expr(L, lam.shape, lam.dtype)
+    L.check(e.not_(e.cmp(lam, 0.0, "GE")), "invalid Poisson rate, expected rate to be non-negative")
+    one = e.c(1.0)
+    knuth = e.cmp(lam, 10.0, "LT")
+    # Hormann's PTRS constants (used where rate >= 10)
+    slam = e.un("sqrt", lam)
+    log_lam = e.un("log", lam)
+    pb = e.add(e.c(0.931), e.mul(e.c(2.53), slam))
+    pa = e.add(e.c(-0.059), e.mul(e.c(0.02483), pb))
+    log_inv_alpha = e.un("log", e.add(e.c(1.1239), e.div(e.c(1.1328), e.sub(pb, e.c(3.4)))))
+    vr = e.sub(e.c(0.9277), e.div(e.c(3.6224), e.sub(pb, e.c(2.0))))
+    exp_neg_lam = e.un("exponential", e.neg(lam))
+
+    def trip(draws: _Draws, count: Value, product: Value) -> tuple[Value, Value, list[Value]]:
+        u, v = draws.uniform(), draws.uniform()
+        # Knuth: multiply uniforms until the product falls to exp(-rate); the count is the sample
+        product = e.mul(product, u)
+        knuth_stops = e.both(knuth, e.not_(e.cmp(product, exp_neg_lam, "GT")))
+        # PTRS: a candidate k from the transformed uniform, accepted by a squeeze or the exact test
+        uc = e.sub(u, e.c(0.5))
+        us = e.sub(e.c(0.5), e.abs(uc))
+        k = e.un("floor", e.add(e.mul(e.add(e.div(e.mul(e.c(2.0), pa), us), pb), uc), e.add(lam, e.c(0.43))))
+        squeeze = e.both(e.cmp(us, 0.07, "GE"), e.cmp(v, vr, "LE"))
+        rejected = e.either(e.cmp(k, 0.0, "LT"), e.both(e.cmp(us, 0.013, "LT"), e.cmp(v, us, "GT")))
+        lhs = e.sub(e.add(e.un("log", v), log_inv_alpha), e.un("log", e.add(e.div(pa, e.mul(us, us)), pb)))
+        rhs = e.sub(e.add(e.neg(lam), e.mul(k, log_lam)), L.b.chlo("lgamma", e.add(k, one)))
+        ptrs_accepts = e.both(e.not_(knuth), e.either(squeeze, e.both(e.not_(rejected), e.cmp(lhs, rhs, "LE"))))
+        value = e.sel(knuth, count, k)
+        return e.either(knuth_stops, ptrs_accepts), value, [e.add(count, one), product]
+
+    zero_or_bad = e.not_(e.cmp(lam, 0.0, "GT"))  # rate 0 is 0; negative and NaN raised above
+    sample = _accept_loop(L, e, zero_or_bad, e.c(0.0), [e.c(0.0), one], trip)
+    return L.to(sample, out.dtype)
+
+
+@register_meta(aten._standard_gamma_grad.default)
+def standard_gamma_grad_meta(alpha: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """PyTorch has no Meta kernel for it: an elementwise op in alpha's dtype."""
+    return alpha.new_empty(torch.broadcast_shapes(alpha.shape, x.shape))
+
+
+@register(aten._standard_gamma_grad.default)
+def standard_gamma_grad(L: NodeLowering, alpha: Value, x: Value) -> Value:
+    """d sample / d alpha of a Gamma(alpha, 1) sample x: -(d cdf / d alpha) / pdf, from a
+    Taylor series for x < 0.8, Rice's saddle-point expansion for alpha > 8, and a
+    bivariate rational fit elsewhere (PyTorch's three regimes)."""
+    out = L.out[0]
+    # in float64 where the platform has it, as the CPU computes it for every dtype: the
+    # saddle-point terms cancel (float32 was 8e-5 off at alpha 9)
+    work = torch.float64 if L.ctx.supports_f64 else _float_dtype(out.dtype)
+    a, x = L.promote(alpha, x, dtype=work)
+    e = Expr(L, a.shape, a.dtype)
+    taylor = _gamma_grad_small_x(L, e, a, x)
+    saddle = _gamma_grad_large_alpha(e, a, x)
+    rational = _gamma_grad_rational(e, a, x)
+    grad = e.sel(e.cmp(x, 0.8, "LT"), taylor, e.sel(e.cmp(a, 8.0, "GT"), saddle, rational))
+    return L.to(grad, out.dtype)
+
+
+def _gamma_grad_small_x(L: NodeLowering, e: Expr, a: Value, x: Value) -> Value:
+    one = e.c(1.0)
+    numer, denom = one, a
+    series1 = e.div(numer, denom)
+    series2 = e.div(numer, e.mul(denom, denom))
+    for i in range(1, 6):
+        numer = e.mul(numer, e.div(e.neg(x), e.c(float(i))))
+        denom = e.add(denom, one)
+        series1 = e.add(series1, e.div(numer, denom))
+        series2 = e.add(series2, e.div(numer, e.mul(denom, denom)))
+    pow_x_a = L.b.binary("power", x, a)
+    pdf = e.mul(L.b.binary("power", x, e.sub(a, one)), e.un("exponential", e.neg(x)))
+    cdf = e.mul(pow_x_a, series1)
+    digamma_a = L.b.chlo("digamma", a)
+    cdf_a = e.sub(e.mul(e.sub(e.un("log", x), digamma_a), cdf), e.mul(pow_x_a, series2))
+    result = e.div(e.neg(cdf_a), pdf)
+    return e.sel(e.cmp(result, result, "NE"), e.c(0.0), result)  # NaN is 0, as on the CPU
+
+
+def _gamma_grad_large_alpha(e: Expr, a: Value, x: Value) -> Value:
+    one, aa = e.c(1.0), e.mul(a, a)
+    near = e.both(e.cmp(x, e.mul(e.c(0.9), a), "GE"), e.cmp(x, e.mul(e.c(1.1), a), "LE"))
+    # x within 10% of alpha: a polynomial in x / alpha
+    n1 = e.add(one, e.mul(e.mul(e.c(24.0), a), e.add(one, e.mul(e.c(12.0), a))))
+    n2 = e.add(
+        e.add(e.mul(e.c(1440.0), aa), e.mul(e.mul(e.c(6.0), x), e.sub(e.c(53.0), e.mul(e.c(120.0), x)))),
+        e.sub(e.mul(a, e.add(e.c(107.0), e.mul(e.c(3600.0), x))), e.div(e.mul(e.c(65.0), e.mul(x, x)), a)),
+    )
+    polynomial = e.div(e.mul(n1, n2), e.mul(e.c(1244160.0), e.mul(aa, aa)))
+    # elsewhere: the saddle-point expansion
+    denom = e.un("sqrt", e.mul(e.c(8.0), a))
+    term2 = e.div(denom, e.sub(a, x))
+    log_ratio = e.un("log", e.div(x, a))
+    term3 = e.b.binary("power", e.sub(e.sub(x, a), e.mul(a, log_ratio)), e.c(-1.5))
+    term23 = e.sel(e.cmp(x, a, "LT"), e.sub(term2, term3), e.add(term2, term3))
+    a_minus_x = e.sub(a, x)
+    term1 = e.sub(e.mul(log_ratio, term23), e.div(e.mul(e.un("sqrt", e.div(e.c(2.0), a)), e.add(a, x)), e.mul(a_minus_x, a_minus_x)))
+    stirling = e.add(one, e.mul(e.div(one, e.mul(e.c(12.0), a)), e.add(one, e.div(one, e.mul(e.c(24.0), a)))))
+    saddle = e.neg(e.div(e.mul(stirling, e.mul(x, term1)), denom))
+    return e.sel(near, polynomial, saddle)
+
+
+# the rational fit's coefficients: p(u, v) / q(u, v), each a cubic in v whose coefficients
+# are quadratics in u (rows: the constant, linear and quadratic terms in u)
+# fmt: off
+_RATIONAL = (
+    (0.16009398, -0.094634809, 0.025146376, -0.0030648343, 1, 0.32668115, 0.10406089, 0.0014179084),
+    (0.53487893, 0.1298071, 0.065735949, -0.0015649758, 0.16639465, 0.020070113, -0.0035938915, -0.00058392623),
+    (0.040121004, -0.0065914022, -0.0026286047, -0.0013441777, 0.017050642, -0.0021309326, 0.00085092367, -1.5247877e-07),
+)
+# fmt: on
+
+
+def _gamma_grad_rational(e: Expr, a: Value, x: Value) -> Value:
+    u, v = e.un("log", e.div(x, a)), e.un("log", a)
+    k = [e.add(e.c(c0), e.mul(u, e.add(e.c(c1), e.mul(u, e.c(c2))))) for c0, c1, c2 in zip(*_RATIONAL)]
+
+    def cubic(c: list[Value]) -> Value:
+        return e.add(c[0], e.mul(v, e.add(c[1], e.mul(v, e.add(c[2], e.mul(v, c[3]))))))
+
+    return e.un("exponential", e.div(cubic(k[:4]), cubic(k[4:])))
