@@ -1,4 +1,5 @@
-"""Optimizers on tpu match the CPU run: SGD/Adam/AdamW, single-tensor, foreach and fused;
+"""Optimizers on tpu match the CPU run: every torch.optim optimizer, single-tensor, foreach
+and fused (where PyTorch has a fused kernel; elsewhere both refuse alike);
 the _foreach_* ops; and repeated steps reuse compiled programs."""
 
 from __future__ import annotations
@@ -19,6 +20,19 @@ CONFIGS = {
     "adam_wd_amsgrad": (torch.optim.Adam, dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1, amsgrad=True)),
     "adamw": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.05)),
     "adamw_amsgrad_maximize": (torch.optim.AdamW, dict(lr=0.02, amsgrad=True, maximize=True, eps=1e-6)),
+    "adagrad": (torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.1, initial_accumulator_value=0.1)),
+    "adagrad_maximize": (torch.optim.Adagrad, dict(lr=0.1, maximize=True)),
+    "adadelta": (torch.optim.Adadelta, dict(lr=0.5, rho=0.8, weight_decay=0.1)),
+    "adamax": (torch.optim.Adamax, dict(lr=0.02, weight_decay=0.1)),
+    "asgd": (torch.optim.ASGD, dict(lr=0.05, t0=0, weight_decay=0.1)),  # averaging from step 2
+    "nadam": (torch.optim.NAdam, dict(lr=0.02, momentum_decay=0.005, weight_decay=0.1)),
+    "nadam_decoupled": (torch.optim.NAdam, dict(lr=0.02, weight_decay=0.1, decoupled_weight_decay=True)),
+    "radam_decoupled": (torch.optim.RAdam, dict(lr=0.02, weight_decay=0.1, decoupled_weight_decay=True)),
+    "rmsprop_centered_momentum": (torch.optim.RMSprop, dict(lr=0.01, centered=True, momentum=0.9, weight_decay=0.1)),
+    "rprop": (torch.optim.Rprop, dict(lr=0.01, etas=(0.4, 1.3), step_sizes=(1e-4, 1))),
+    "adafactor": (torch.optim.Adafactor, dict(lr=0.01)),
+    "adam_capturable": (torch.optim.Adam, dict(lr=0.01, capturable=True)),
+    "adamw_tensor_lr": (torch.optim.AdamW, dict(lr=torch.tensor(0.01), weight_decay=0.05)),
 }
 MODES = {"single": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True)}
 
@@ -33,6 +47,9 @@ def _run(opt_cls, kwargs, device, steps=STEPS, compiles=None):
     model = _model()
     grads = [[torch.randn_like(p) for p in model.parameters()] for _ in range(steps)]
     model = model.to(device)
+    kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}  # a tensor lr is state
+    if device == "cpu" and kwargs.get("capturable"):
+        kwargs["capturable"] = False  # a CUDA-graph option: the same math without it
     opt = opt_cls(model.parameters(), **kwargs)
     for step in range(steps):
         for p, g in zip(model.parameters(), grads[step], strict=True):
@@ -49,6 +66,13 @@ def test_optimizer_matches_cpu(config, mode):
     opt_cls, kwargs = CONFIGS[config]
     kwargs = {**kwargs, **MODES[mode]}
     compiles: list[int] = []
+    try:
+        _run(opt_cls, kwargs, "cpu", steps=1)
+    except (RuntimeError, TypeError, ValueError) as cpu_error:  # e.g. fused=True where PyTorch has none: the same refusal
+        with pytest.raises(type(cpu_error)) as tpu_error:
+            _run(opt_cls, kwargs, TPU, steps=1)
+        assert str(tpu_error.value) == str(cpu_error).replace("cpu", "tpu") or str(tpu_error.value) == str(cpu_error)
+        return
     actual = _run(opt_cls, kwargs, TPU, compiles=compiles)
     expected = _run(opt_cls, kwargs, "cpu")
     for a, e in zip(actual, expected, strict=True):

@@ -1,4 +1,4 @@
-"""Optimizer paths: the ``_foreach_*`` ops and the fused Adam/AdamW/SGD kernels.
+"""Optimizer paths: the ``_foreach_*`` ops and the fused Adam/AdamW/SGD/Adagrad kernels.
 
 Each call is ONE program: a ``_foreach_*`` rule lowers the matching single-tensor op
 (``_foreach_add.List`` -> ``aten.add.Tensor``) once per list element into the same
@@ -159,7 +159,14 @@ def _register_missing_meta_kernels() -> None:
     Adam overloads), so the output metadata of their functional variants (composites
     over the in-place op) cannot be computed. The in-place op changes no metadata:
     register a no-op."""
-    names = ["_fused_sgd_", "_fused_sgd_.tensor_lr", "_fused_adam_.tensor_lr", "_fused_adamw_.tensor_lr"]
+    names = [
+        "_fused_sgd_",
+        "_fused_sgd_.tensor_lr",
+        "_fused_adam_.tensor_lr",
+        "_fused_adamw_.tensor_lr",
+        "_fused_adagrad_",
+        "_fused_adagrad_.tensor_lr",
+    ]
     missing = [n for n in names if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{n}", "Meta")]
     if not missing:
         return
@@ -352,6 +359,52 @@ def fused_sgd(
     if not use_momentum:
         new_buf = list(momentum_buffer_list)
     return new_p, new_g, new_buf
+
+
+@register(aten._fused_adagrad.default, aten._fused_adagrad.tensor_lr)
+def fused_adagrad(
+    L: NodeLowering,
+    params: list[Value],
+    grads: list[Value],
+    state_sums: list[Value],
+    state_steps: list[Value],
+    *,
+    lr: Any,
+    lr_decay: Any,
+    weight_decay: Any,
+    eps: Any,
+    maximize: bool,
+    grad_scale: Value | None = None,
+    found_inf: Value | None = None,
+) -> tuple[list[Value], ...]:
+    """``Adagrad(fused=True)``: the step count is already incremented by the optimizer."""
+    b = L.b
+    f64 = torch.float64 if L.ctx.supports_f64 else torch.float32
+    skip = _skip(L, found_inf)
+    new_p, new_g, new_sum = [], [], []
+    for p, g, state_sum, step in zip(params, grads, state_sums, state_steps, strict=True):
+        cdt = _opmath(p.dtype)
+        shape = p.shape
+
+        def c(x: Any, shape: Sequence[int] = shape, cdt: torch.dtype = cdt) -> Value:
+            return _bc(L, _s(L, x, cdt), shape)
+
+        # clr = lr / (1 + (step - 1) * lr_decay), in double as the kernel's host side
+        one = b.constant(1, f64)
+        decayed = b.binary("multiply", b.binary("subtract", _s(L, step, f64), one), _s(L, lr_decay, f64))
+        clr = b.binary("divide", _s(L, lr, f64), b.binary("add", one, decayed))
+        g_unscaled = _unscale(L, g, grad_scale, cdt)
+        grad = b.unary("negate", g_unscaled) if maximize else g_unscaled
+        param = L.to(p, cdt)
+        if not _is_zero(weight_decay):
+            grad = b.binary("add", grad, b.binary("multiply", param, c(weight_decay)))
+        sum_new = b.binary("add", L.to(state_sum, cdt), b.binary("multiply", grad, grad))
+        std = b.binary("add", b.unary("sqrt", sum_new), c(eps))
+        p_new = b.binary("subtract", param, b.binary("divide", b.binary("multiply", c(clr), grad), std))
+        new_p.append(_keep_if(L, skip, L.to(p_new, p.dtype), p))
+        new_sum.append(_keep_if(L, skip, L.to(sum_new, state_sum.dtype), state_sum))
+        new_g.append(g if grad_scale is None else _keep_if(L, skip, L.to(g_unscaled, g.dtype), g))
+    return new_p, new_g, new_sum, list(state_steps)
 
 
 # -- GradScaler (torch.amp.GradScaler("tpu")) -----------------------------------------------------
