@@ -292,3 +292,23 @@ def test_a_generator_of_another_device_raises_like_cuda(name, mode):
     with torchtpu.eager_mode(mode), pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but found 'cpu'"):
         GENERATOR_CALLS[name](g)
     GENERATOR_CALLS[name](None)  # generator=None draws from the device state
+
+
+PINNED_FACTORIES = {
+    "empty": lambda: torch.empty(2, device=TPU, pin_memory=True),
+    "empty_strided": lambda: torch.empty_strided((2,), (1,), device=TPU, pin_memory=True),
+    "zeros": lambda: torch.zeros(2, device=TPU, pin_memory=True),
+    "full": lambda: torch.full((2,), 1.0, device=TPU, pin_memory=True),
+    "arange": lambda: torch.arange(3, device=TPU, pin_memory=True),
+    "randn": lambda: torch.randn(3, device=TPU, pin_memory=True),
+    "ones_like": lambda: torch.ones_like(torch.ones(2, device=TPU), pin_memory=True),
+    "linspace": lambda: torch.linspace(0, 1, 3, device=TPU, pin_memory=True),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
+@pytest.mark.parametrize("name", PINNED_FACTORIES)
+def test_pinning_device_memory_raises_like_cuda(name, mode):
+    """CUDA's factories refuse pin_memory=True for device tensors; tpu ignored it."""
+    with torchtpu.eager_mode(mode), pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
+        PINNED_FACTORIES[name]()

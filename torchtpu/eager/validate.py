@@ -138,6 +138,8 @@ def arguments(plan: OpPlan, values: list[Any]) -> None:
     rules go by op name, and a library's ``mylib::scatter`` is not aten's scatter."""
     if plan.op.namespace != "aten":
         return
+    if "pin_memory" in plan.names and values[plan.names.index("pin_memory")]:
+        raise RuntimeError("Only dense CPU tensors can be pinned")  # CUDA's factories refuse it alike
     rule = _shape_rules().get(plan.functional)
     if rule is None and plan.functional._opname in _FACTORIES:
         rule = _factory_size
