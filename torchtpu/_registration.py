@@ -196,6 +196,9 @@ def register_device() -> None:
     from .device import pinned_memory
 
     pinned_memory.install()
+    from .eager import nested
+
+    nested.install()  # nn.TransformerEncoder's nested-tensor inference path
     from .integrations import huggingface
 
     huggingface.install()

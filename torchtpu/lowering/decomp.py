@@ -244,3 +244,7 @@ _META = torch.library.Library("aten", "IMPL")
 for _name in ("multi_margin_loss_backward", "multilabel_margin_loss_backward"):
     if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_name}", "Meta"):
         _META.impl(_name, _same_shape_meta, "Meta")
+
+
+# the fast paths of nn.MultiheadAttention and nn.TransformerEncoderLayer (registers on import)
+from . import decomp_transformer  # noqa: E402, F401
