@@ -86,6 +86,18 @@ class ProgramContext:
         return self.rng_state
 
 
+# the integer type a float goes through on its way to each integer type (NodeLowering.to);
+# uint32 and uint64 keep XLA's conversion
+_CPU_CAST_VIA = {
+    torch.int64: torch.int64,
+    torch.uint8: torch.int64,
+    torch.int32: torch.int32,
+    torch.int16: torch.int32,
+    torch.int8: torch.int32,
+    torch.uint16: torch.int32,
+}
+
+
 def _spec_of(meta: Any) -> TensorSpec | None:
     if isinstance(meta, torch.Tensor):
         return TensorSpec(meta.shape, meta.dtype)
@@ -163,7 +175,30 @@ class NodeLowering:
             return self.b.convert(self.b.convert(x, torch.int32), dtype)
         if is_complex(x.dtype) and not is_complex(dtype):
             x = self.b.op1("stablehlo.real", [x], x.shape, torch.float32 if x.dtype is torch.complex64 else torch.float64)
+        if dtype in _CPU_CAST_VIA and is_float(x.dtype):
+            return self._float_to_int(x, dtype)
         return self.b.convert(x, dtype)
+
+    def _float_to_int(self, x: Value, dtype: torch.dtype) -> Value:
+        """A float converted to an integer type as the CPU converts it: out of the type's
+        range, NaN and infinity included, what x86's truncating conversion gives, where
+        XLA's conversion would saturate. The CPU converts to int64 directly (and to uint8
+        through int64, PyTorch's rule on every device: -1.0 is 255, 300.0 is 44); to int32
+        and the narrower types through int32; either conversion gives the type's minimum
+        out of range, and the narrow types keep its low bits. uint32 and uint64 keep XLA's
+        conversion."""
+        via = _CPU_CAST_VIA[dtype]
+        b = self.b
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x = b.convert(x, torch.float32)  # exact
+        low, high = (-(2.0**63), 2.0**63) if via is torch.int64 else (-(2.0**31), 2.0**31)
+        in_range = b.binary(
+            "and",
+            b.compare(x, self.full(low, x.shape, x.dtype), "GE"),
+            b.compare(x, self.full(high, x.shape, x.dtype), "LT"),
+        )  # false for NaN
+        wide = b.select(in_range, b.convert(x, via), self.full(int(low), x.shape, via))
+        return wide if via is dtype else b.convert(wide, dtype)  # integer narrowing keeps the low bits
 
     def broadcast_to(self, x: Value, shape: Sequence[int]) -> Value:
         """NumPy broadcasting of ``x`` to ``shape``."""
