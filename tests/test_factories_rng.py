@@ -312,3 +312,22 @@ def test_pinning_device_memory_raises_like_cuda(name, mode):
     """CUDA's factories refuse pin_memory=True for device tensors; tpu ignored it."""
     with torchtpu.eager_mode(mode), pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
         PINNED_FACTORIES[name]()
+
+
+@pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
+def test_rrelu_like_the_cpu(mode):
+    """nn.RReLU raised NotImplementedError (rrelu_with_noise), even in eval: eval is the
+    mean slope, exactly the CPU's; training draws each negative element's slope from
+    U(lower, upper) and the gradient is that slope."""
+    x = torch.randn(4000)
+    with torchtpu.eager_mode(mode):
+        evaluated = torch.nn.functional.rrelu(x.to(TPU), 0.1, 0.3, training=False).cpu()
+        xt = x.to(TPU).requires_grad_()
+        trained = torch.nn.functional.rrelu(xt, 0.1, 0.3, training=True)
+        trained.sum().backward()
+    assert torch.equal(evaluated, torch.nn.functional.rrelu(x, 0.1, 0.3, training=False))
+    slopes = (trained.detach().cpu() / x)[x < 0]
+    assert slopes.min() >= 0.1 and slopes.max() <= 0.3 and abs(slopes.mean() - 0.2) < 0.005
+    assert torch.equal(trained.detach().cpu()[x >= 0], x[x >= 0])
+    torch.testing.assert_close(xt.grad.cpu()[x < 0], slopes)
+    assert (xt.grad.cpu()[x >= 0] == 1).all()

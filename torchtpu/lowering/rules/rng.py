@@ -253,6 +253,33 @@ def bernoulli_tensor(L: NodeLowering, x: Value, p: Value, **kwargs: Any) -> Valu
     return L.to(_bernoulli_mask(L, out.shape, p, p.dtype), out.dtype)
 
 
+@register(aten.rrelu_with_noise_functional.default, random=True)
+def rrelu_with_noise(
+    L: NodeLowering,
+    x: Value,
+    noise: Value,
+    lower: Any = 0.125,
+    upper: Any = 1 / 3,
+    training: bool = False,
+    generator: Any = None,
+) -> tuple[Value, Value]:
+    """RReLU: in training each negative element takes a slope drawn from U(lower, upper),
+    recorded in ``noise`` (1 where the element is not negative, as the CPU writes it, so
+    the backward is grad * noise); in eval the mean slope and ``noise`` untouched."""
+    b = L.b
+    cdt = _float_dtype(x.dtype)
+    xc = L.to(x, cdt)
+    negative = b.compare(xc, L.full(0, x.shape, cdt), "LT")
+    if training:
+        slope = _uniform(L, x.shape, cdt, lower, upper)
+        noise_out = L.to(b.select(negative, slope, L.full(1, x.shape, cdt)), noise.dtype)
+    else:
+        slope = b.binary("divide", b.binary("add", _scalar(L, lower, cdt, x.shape), _scalar(L, upper, cdt, x.shape)), L.full(2, x.shape, cdt))
+        noise_out = noise
+    out = b.select(negative, b.binary("multiply", xc, slope), xc)
+    return L.to(out, x.dtype), noise_out
+
+
 def _is(x: Any, v: float) -> bool:
     return not isinstance(x, Value) and x == v
 
