@@ -118,6 +118,12 @@ def register_lowered_op(op: torch._ops.OpOverload) -> None:
     REGISTERED_OPS.add(op)
 
 
+def _returns_a_python_value(op: torch._ops.OpOverload) -> bool:
+    """``is_same_size`` -> bool: its composite kernel reads metadata only (forward-mode AD
+    asks it of every tangent), which a program cannot return."""
+    return any(isinstance(r.type, (torch._C.BoolType, torch._C.IntType, torch._C.FloatType)) for r in op._schema.returns)
+
+
 def _has_kernel(qualified: str, key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key)
 
@@ -155,7 +161,7 @@ def supported_ops() -> list[torch._ops.OpOverload]:
             op = getattr(getattr(torch.ops.aten, name), overload or "default")
         except AttributeError:
             continue
-        if op in runtime or _is_view(op):
+        if op in runtime or _is_view(op) or (_returns_a_python_value(op) and _has_kernel(qualified, "CompositeExplicitAutograd")):
             continue
         try:
             fop = functional_variant(op)

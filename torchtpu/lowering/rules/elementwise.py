@@ -658,12 +658,20 @@ def elu(L: NodeLowering, x: Value, alpha: Any = 1, scale: Any = 1, input_scale: 
     return b.binary("multiply", y, L.full(scale, x.shape, x.dtype))
 
 
+def _broadcast_pair(L: NodeLowering, grad: Value, y: Value) -> tuple[Value, Value]:
+    """Both operands at the output's shape: the CPU kernels broadcast them (jacfwd's vmap
+    calls tanh_backward with a batched gradient and an unbatched output)."""
+    shape = L.out[0].shape
+    return L.broadcast_to(grad, shape), L.broadcast_to(y, shape)
+
+
 # Complex backwards multiply by the conjugate of the derivative (PyTorch's convention for
 # the gradient of a real loss through a holomorphic function).
 @register(aten.sigmoid_backward.default)
 @in_opmath
 def sigmoid_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
     b = L.b
+    grad, y = _broadcast_pair(L, grad, y)
     one = L.full(1, y.shape, y.dtype)
     return b.binary("multiply", grad, conj(L, b.binary("multiply", y, b.binary("subtract", one, y))))
 
@@ -672,6 +680,7 @@ def sigmoid_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
 @in_opmath
 def tanh_backward(L: NodeLowering, grad: Value, y: Value) -> Value:
     b = L.b
+    grad, y = _broadcast_pair(L, grad, y)
     one = L.full(1, y.shape, y.dtype)
     return b.binary("multiply", grad, conj(L, b.binary("subtract", one, b.binary("multiply", y, y))))
 

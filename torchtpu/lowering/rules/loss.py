@@ -32,11 +32,12 @@ def _reduce(L: NodeLowering, loss: Value, reduction: int) -> Value:
     return L.to(s, out.dtype)
 
 
-def _grad_scale(L: NodeLowering, grad: Value, shape: tuple[int, ...], reduction: int) -> Value:
-    """The incoming gradient broadcast to ``shape`` (divided by numel for mean)."""
+def _grad_scale(L: NodeLowering, grad: Value, shape: tuple[int, ...], reduction: int, count: int | None = None) -> Value:
+    """The incoming gradient broadcast to ``shape`` (divided by the loss's element count,
+    ``count`` or numel(shape), for mean)."""
     g = L.broadcast_to(grad, shape)
     if reduction == MEAN:
-        g = L.b.binary("divide", g, L.full(numel(shape), shape, g.dtype))
+        g = L.b.binary("divide", g, L.full(numel(shape) if count is None else count, shape, g.dtype))
     return g
 
 
@@ -136,6 +137,16 @@ def _diff(L: NodeLowering, x: Value, t: Value) -> Value:
     return L.b.binary("subtract", x, t)
 
 
+def _diff_and_grad(L: NodeLowering, x: Value, t: Value, grad: Value, reduction: int) -> tuple[Value, Value]:
+    """x - t and the incoming gradient for a loss backward, both at the result's shape: a
+    gradient larger than x (a vmapped backward) broadcasts, as in the CPU kernels'
+    TensorIterator; the mean still divides by the loss's own element count."""
+    d = _diff(L, x, t)
+    count = numel(d.shape)
+    d = L.broadcast_to(d, L.out[0].shape)
+    return d, _grad_scale(L, L.to(grad, d.dtype), d.shape, reduction, count)
+
+
 @register(aten.mse_loss.default)
 def mse_loss(L: NodeLowering, x: Value, t: Value, reduction: int = MEAN) -> Value:
     d = _diff(L, x, t)
@@ -144,8 +155,7 @@ def mse_loss(L: NodeLowering, x: Value, t: Value, reduction: int = MEAN) -> Valu
 
 @register(aten.mse_loss_backward.default)
 def mse_loss_backward(L: NodeLowering, grad: Value, x: Value, t: Value, reduction: int) -> Value:
-    d = _diff(L, x, t)
-    g = _grad_scale(L, L.to(grad, d.dtype), d.shape, reduction)
+    d, g = _diff_and_grad(L, x, t, grad, reduction)
     r = L.b.binary("multiply", L.b.binary("multiply", _c(L, 2, d), d), g)
     return L.broadcast_to(L.to(r, L.out[0].dtype), L.out[0].shape)
 
@@ -176,8 +186,7 @@ def smooth_l1_loss(L: NodeLowering, x: Value, t: Value, reduction: int = MEAN, b
 @register(aten.smooth_l1_loss_backward.default, aten.huber_loss_backward.default)
 def smooth_l1_loss_backward(L: NodeLowering, grad: Value, x: Value, t: Value, reduction: int, beta: Any) -> Value:
     b = L.b
-    d = _diff(L, x, t)
-    g = _grad_scale(L, L.to(grad, d.dtype), d.shape, reduction)
+    d, g = _diff_and_grad(L, x, t, grad, reduction)
     huber = L.op is aten.huber_loss_backward.default
     if not huber and _is_zero(beta):
         r = b.unary("sign", d)

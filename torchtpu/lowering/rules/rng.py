@@ -303,12 +303,16 @@ def native_dropout(L: NodeLowering, x: Value, p: Any, train: bool | None) -> tup
 
 @register(aten.native_dropout_backward.default)
 def native_dropout_backward(L: NodeLowering, grad: Value, mask: Value, scale: Any) -> Value:
+    """grad * mask * scale; a bool mask selects (so an infinite gradient where the mask
+    drops it is 0), any other mask multiplies, as the CPU kernel does."""
     out = L.out[0]
     b = L.b
     cdt = _float_dtype(out.dtype)
-    g = b.binary("multiply", L.to(grad, cdt), _scalar(L, scale, cdt, grad.shape))
-    mask = L.broadcast_to(L.to(mask, torch.bool), grad.shape)
-    return L.to(b.select(mask, g, L.zeros(grad.shape, cdt)), out.dtype)
+    g = b.binary("multiply", L.broadcast_to(L.to(grad, cdt), out.shape), _scalar(L, scale, cdt, out.shape))
+    if mask.dtype is not torch.bool:
+        return L.to(b.binary("multiply", L.broadcast_to(L.to(mask, cdt), out.shape), g), out.dtype)
+    mask = L.broadcast_to(mask, out.shape)
+    return L.to(b.select(mask, g, L.zeros(out.shape, cdt)), out.dtype)
 
 
 # -- integers ----------------------------------------------------------------------------------
