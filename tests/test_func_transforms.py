@@ -74,6 +74,9 @@ def test_pointwise_backwards_broadcast_like_the_cpu() -> None:
         (aten.mse_loss_backward.default, (g, x, t, 0)),
         (aten.mse_loss_backward.default, (g, x, t, 1)),
         (aten.huber_loss_backward.default, (g, x, t, 0, 0.3)),
+        # a mean divides by the input's numel, even where the target broadcasts it
+        (aten.mse_loss_backward.default, (torch.rand(4, 1), torch.rand(1, 3), torch.rand(4, 3), 1)),
+        (aten.smooth_l1_loss_backward.default, (torch.rand(4, 1), torch.rand(1, 3), torch.rand(4, 3), 1, 0.3)),
         (aten.smooth_l1_loss_backward.default, (g, x, t, 1, 0.3)),
         (aten.native_dropout_backward.default, (g, torch.rand(3) > 0.5, 2.0)),
         (aten.native_dropout_backward.default, (g, torch.rand(4, 3), 2.0)),  # a float mask multiplies

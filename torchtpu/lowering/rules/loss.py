@@ -140,9 +140,9 @@ def _diff(L: NodeLowering, x: Value, t: Value) -> Value:
 def _diff_and_grad(L: NodeLowering, x: Value, t: Value, grad: Value, reduction: int) -> tuple[Value, Value]:
     """x - t and the incoming gradient for a loss backward, both at the result's shape: a
     gradient larger than x (a vmapped backward) broadcasts, as in the CPU kernels'
-    TensorIterator; the mean still divides by the loss's own element count."""
+    TensorIterator; the mean divides by the input's element count, as those kernels do."""
     d = _diff(L, x, t)
-    count = numel(d.shape)
+    count = numel(x.shape)
     d = L.broadcast_to(d, L.out[0].shape)
     return d, _grad_scale(L, L.to(grad, d.dtype), d.shape, reduction, count)
 
