@@ -78,6 +78,8 @@ def test_pointwise_backwards_broadcast_like_the_cpu() -> None:
         (aten.mse_loss_backward.default, (torch.rand(4, 1), torch.rand(1, 3), torch.rand(4, 3), 1)),
         (aten.smooth_l1_loss_backward.default, (torch.rand(4, 1), torch.rand(1, 3), torch.rand(4, 3), 1, 0.3)),
         (aten.smooth_l1_loss_backward.default, (g, x, t, 1, 0.3)),
+        (aten.tanh_backward.default, (g.double(), y)),  # and promote them
+        (aten.sigmoid_backward.default, (g.bfloat16(), y)),
         (aten.native_dropout_backward.default, (g, torch.rand(3) > 0.5, 2.0)),
         (aten.native_dropout_backward.default, (g, torch.rand(4, 3), 2.0)),  # a float mask multiplies
     ]

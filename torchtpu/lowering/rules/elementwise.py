@@ -659,10 +659,11 @@ def elu(L: NodeLowering, x: Value, alpha: Any = 1, scale: Any = 1, input_scale: 
 
 
 def _broadcast_pair(L: NodeLowering, grad: Value, y: Value) -> tuple[Value, Value]:
-    """Both operands at the output's shape: the CPU kernels broadcast them (jacfwd's vmap
-    calls tanh_backward with a batched gradient and an unbatched output)."""
-    shape = L.out[0].shape
-    return L.broadcast_to(grad, shape), L.broadcast_to(y, shape)
+    """Both operands at the output's shape and dtype: the CPU kernels broadcast and promote
+    them (jacfwd's vmap calls tanh_backward with a batched gradient and an unbatched output)."""
+    out = L.out[0]
+    grad, y = L.promote(grad, y, dtype=out.dtype, shape=out.shape)
+    return grad, y
 
 
 # Complex backwards multiply by the conjugate of the derivative (PyTorch's convention for
