@@ -311,6 +311,48 @@ def test_addmm_bias_with_too_many_dims_names_the_tpu_tensor_type() -> None:
         torch.addmm(torch.randn(1, 2, 4, device="tpu"), torch.randn(2, 3, device="tpu"), torch.randn(3, 4, device="tpu"))
 
 
+# -- arguments no kernel accepts: floats for bitwise ops, float or 2-D indices, boundaries, sizes ------------
+_I = torch.int32
+ARGUMENTS: dict[str, Case] = {
+    "bitwise_and_floats": lambda d: torch.bitwise_and(_r(3)(d), _r(3)(d)),
+    "bitwise_and_long_float": lambda d: torch.bitwise_and(_long(3)(d), _r(3)(d)),
+    "bitwise_and_bool_float": lambda d: torch.bitwise_and(torch.ones(3, dtype=B, device=d), _r(3)(d)),
+    "bitwise_or_scalar": lambda d: torch.bitwise_or(_r(3)(d), 1),
+    "bitwise_xor_": lambda d: _r(3)(d).bitwise_xor_(_r(3)(d)),
+    "bitwise_not_float": lambda d: torch.bitwise_not(_r(3)(d)),
+    "lshift_float": lambda d: _r(3)(d) << 1,
+    "lshift_by_float": lambda d: torch.ones(3, dtype=_I, device=d) << _r(3)(d),
+    "rshift_float": lambda d: torch.bitwise_right_shift(_r(3)(d), 1),
+    "gcd_float": lambda d: torch.gcd(_r(3)(d), _r(3)(d)),
+    "lcm_float": lambda d: torch.lcm(_r(3)(d), _r(3)(d)),
+    "bitwise_and_longs": lambda d: torch.bitwise_and(_long(3)(d), 6),  # accepted: the same values
+    "index_select_float_index": lambda d: _r(3, 2)(d).index_select(0, torch.tensor([0.0], device=d)),
+    "index_select_2d_index": lambda d: _r(3, 2)(d).index_select(0, torch.tensor([[0]], device=d)),
+    "bucketize_2d_boundaries": lambda d: torch.bucketize(_r(3)(d), _r(2, 2)(d)),
+    "diagonal_scatter_size": lambda d: torch.diagonal_scatter(_r(3, 3)(d), _r(2)(d)),
+}
+
+
+@pytest.mark.parametrize("name", ARGUMENTS)
+def test_arguments_no_kernel_accepts(name: str, mode: str) -> None:
+    """tpu computed gcd and lcm of floats, index_select with float indices and embedding_renorm_
+    with float indices without a word; XLA refused the bitwise programs (a 'torchtpu bug' error)."""
+    same_as_cpu(ARGUMENTS[name])
+
+
+@pytest.mark.parametrize("op", ["embedding_backward", "embedding_renorm_"])
+def test_float_embedding_indices_name_the_tpu_tensor_type(op: str, mode: str) -> None:
+    # the CPU names its tensor type, torch.FloatTensor (CUDA: torch.cuda.FloatTensor)
+    x, indices = torch.randn(3, 2, device="tpu"), torch.zeros(3, device="tpu")
+    message = "Expected tensor for argument #2 'indices' to have one of the following scalar types: Long, Int; but got "
+    with pytest.raises(RuntimeError, match=re.escape(message + f"torch.tpu.FloatTensor instead (while checking arguments for {op})")):
+        if op == "embedding_renorm_":
+            torch.embedding_renorm_(x, indices, 1.0, 2.0)
+        else:
+            torch.ops.aten.embedding_dense_backward(x, indices, 3, -1, False)
+        torch.tpu.synchronize()
+
+
 NEGATIVE: dict[str, Case] = {
     "empty": lambda d: torch.empty(-1, device=d),
     "empty_2d": lambda d: torch.empty(2, -3, device=d),
@@ -512,8 +554,6 @@ def test_opinfo_memory_overlap(op: Any, variant: str) -> None:
 
 # -- an op whose program cannot be built raises the CPU's exception (eager/cpu_errors.py) ---
 _REFUSED_WHILE_BUILDING = {
-    # XLA refused to compile the program (broadcast_dimensions size mismatch)
-    "bucketize_2d_boundaries": lambda d: torch.bucketize(torch.randn(5, 5, 5, device=d), torch.randn(5, 5, device=d)),
     # PyTorch's Python reference words it differently ("Number of dimensions of tensors must match")
     "hstack_ranks": lambda d: torch.hstack([torch.randn(3, device=d), torch.randn(1, 2, 3, 4, device=d)]),
     # the convolution shape helper divided by the stride (ZeroDivisionError)
@@ -532,6 +572,17 @@ def test_refused_while_building_raises_the_cpus_exception(name: str) -> None:
         make("tpu")
     assert str(tpu.value) == str(cpu.value)
     assert tpu.value.__cause__ is not None  # our own error stays attached for debugging
+
+
+def test_a_dtype_the_cpus_kernel_refuses_is_its_answer() -> None:
+    """The CPU's "<kernel>_cpu" not implemented for '<dtype>' is a refusal of the arguments
+    (our build error is replaced by it); an op the CPU lacks entirely is not."""
+    from torchtpu.eager import cpu_errors
+
+    x = torch.randn(3, device="tpu")
+    refusal = cpu_errors.cpu_error(torch.ops.aten.bitwise_and.Tensor, (x, x), {})
+    assert isinstance(refusal, NotImplementedError) and "\"bitwise_and_cpu\" not implemented for 'Float'" in str(refusal)
+    assert cpu_errors.cpu_error(torch.ops.aten.add.Tensor, (x, x), {}) is None
 
 
 def test_large_arguments_keep_our_error() -> None:

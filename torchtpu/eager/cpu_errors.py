@@ -60,8 +60,10 @@ def cpu_error(op: Any, args: tuple, kwargs: dict, uninitialized_floats: bool = F
         return None
     try:
         op(*cpu_args, **cpu_kwargs)
-    except NotImplementedError:
-        return None  # the CPU lacks it too: our message says more
+    except NotImplementedError as e:
+        # a dtype the CPU's kernel refuses ("bitwise_and_cpu" not implemented for 'Float') is
+        # its answer; an op the CPU lacks too is not: our message says more
+        return e if "not implemented for '" in str(e) else None
     except Exception as e:  # noqa: BLE001 - this is the result
         return e
     return None

@@ -525,7 +525,65 @@ def _masked_scatter(plan: OpPlan, a: dict[str, Any]) -> None:
     _masked_scatter_source(plan, a)
 
 
+def _integral_only(kernel: str) -> Callable[[OpPlan, dict[str, Any]], None]:
+    """Bitwise ops, shifts, gcd and lcm have no floating-point kernel on any device: the
+    CPU's dispatch refuses the computation dtype (XLA refused the program instead)."""
+
+    def rule(plan: OpPlan, a: dict[str, Any]) -> None:
+        operands = [a[k] for k in ("self", "other") if a.get(k) is not None]
+        dtype = torch.result_type(*operands) if len(operands) == 2 else operands[0].dtype
+        if dtype.is_floating_point or dtype.is_complex:
+            raise NotImplementedError(f"\"{kernel}_cpu\" not implemented for '{scalar_name(dtype)}'")
+
+    return rule
+
+
+def _indices(arg: str, position: int, checking: str) -> Callable[[OpPlan, dict[str, Any]], None]:
+    """at::checkScalarTypes on an embedding's indices: Long or Int."""
+
+    def rule(plan: OpPlan, a: dict[str, Any]) -> None:
+        t = a.get(arg)
+        if isinstance(t, torch.Tensor) and t.dtype not in (torch.int64, torch.int32):
+            raise RuntimeError(
+                f"Expected tensor for argument #{position} '{arg}' to have one of the following scalar types: Long, Int; "
+                f"but got {t.type()} instead (while checking arguments for {checking})"
+            )
+
+    return rule
+
+
+def _index_select(plan: OpPlan, a: dict[str, Any]) -> None:
+    index = a["index"]
+    if index.dtype not in (torch.int64, torch.int32):
+        raise RuntimeError("index_select(): Expected dtype int32 or int64 for index")
+    if index.dim() > 1:
+        raise IndexError("index_select(): Index is supposed to be a vector")
+
+
+def _bucketize(plan: OpPlan, a: dict[str, Any]) -> None:
+    boundaries = a["boundaries"]
+    if boundaries.dim() != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.dim()})")
+
+
+def _diagonal_scatter(plan: OpPlan, a: dict[str, Any]) -> None:
+    x, src = a["self"], a["src"]
+    slice_shape = list(torch.diagonal(torch.empty(x.shape, device="meta"), a["offset"], a["dim1"], a["dim2"]).shape)
+    if list(src.shape) != slice_shape:
+        raise RuntimeError(
+            f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, slice size = {slice_shape}"
+        )
+
+
 _INPUT_RULES: dict[str, Callable[[OpPlan, dict[str, Any]], None]] = {
+    **{name: _integral_only(name) for name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "gcd", "lcm")},
+    **{name: _integral_only("lshift") for name in ("bitwise_left_shift", "__lshift__", "__ilshift__")},
+    **{name: _integral_only("rshift") for name in ("bitwise_right_shift", "__rshift__", "__irshift__")},
+    "index_select": _index_select,
+    "embedding_renorm": _indices("indices", 2, "embedding_renorm_"),
+    "embedding_dense_backward": _indices("indices", 2, "embedding_backward"),
+    "bucketize": _bucketize,
+    "diagonal_scatter": _diagonal_scatter,
     "index_add": _same_dtype("source", "index_add_(): self ({S}) and source ({A}) must have the same scalar type"),
     "index_reduce": _same_dtype("source", "index_reduce_(): self ({S}) and source ({A}) must have the same scalar type"),
     "index_copy": _same_dtype(
@@ -676,6 +734,7 @@ _OVERLAP: dict[str, Overlap] = {
     logaddexp2 logical_and logical_not logical_or logical_xor logit lt maximum minimum mish mul nan_to_num ne
     neg nextafter normal polygamma pow rad2deg reciprocal remainder renorm round rsqrt sgn sigmoid sign silu
     sin sinc sinh softplus softshrink sqrt sub tan tanh trunc uniform where xlogy relu hardtanh hardswish
+    rrelu_with_noise
     special_airy_ai special_bessel_j0 special_bessel_j1 special_bessel_y0 special_bessel_y1
     special_chebyshev_polynomial_t special_chebyshev_polynomial_u special_chebyshev_polynomial_v
     special_chebyshev_polynomial_w special_entr special_erfcx special_hermite_polynomial_h
