@@ -198,11 +198,15 @@ def _lu_layout_kernel(name: str) -> Any:
     op = getattr(torch.ops.aten, name).default
 
     def kernel(A: torch.Tensor) -> Any:  # noqa: N803 - schema name
+        from .cpu_errors import raise_as_cpu
         from .dispatch import run
 
-        if not A.is_contiguous() and not A.is_complex():
-            A = A.mT
-        return run(op, (A,), {})
+        try:
+            return run(op, (A.mT if A.dim() >= 2 and not A.is_contiguous() and not A.is_complex() else A,), {})
+        except NotImplementedError:
+            raise
+        except Exception as e:  # noqa: BLE001 - refused arguments: the CPU's words (linalg.det of a vector)
+            raise_as_cpu(op, (A,), {}, e)
 
     return kernel
 

@@ -341,6 +341,8 @@ def _addmv_checks(x: torch.Tensor, mat: torch.Tensor, vec: torch.Tensor, input_s
 
 def _mv(plan: OpPlan, a: dict[str, Any]) -> None:
     mat, vec = a["self"], a["vec"]
+    if mat.dim() == 0:  # the CPU sizes the result by self.size(0) first
+        raise IndexError("Dimension specified as 0 but tensor has no dimensions")
     # the CPU's mv is addmv_ into a fresh 1-D result with the vector's dtype
     result = torch.empty(mat.shape[:1] if mat.dim() else (1,), dtype=vec.dtype, device="meta")
     _addmv_checks(result, mat, vec, mat.shape[0] if mat.dim() else None)
@@ -554,10 +556,10 @@ def _indices(arg: str, position: int, checking: str) -> Callable[[OpPlan, dict[s
 
 def _index_select(plan: OpPlan, a: dict[str, Any]) -> None:
     index = a["index"]
+    if index.dim() > 1:  # the CPU checks the rank first
+        raise IndexError("index_select(): Index is supposed to be a vector")
     if index.dtype not in (torch.int64, torch.int32):
         raise RuntimeError("index_select(): Expected dtype int32 or int64 for index")
-    if index.dim() > 1:
-        raise IndexError("index_select(): Index is supposed to be a vector")
 
 
 def _bucketize(plan: OpPlan, a: dict[str, Any]) -> None:
