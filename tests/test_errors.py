@@ -331,6 +331,8 @@ ARGUMENTS: dict[str, Case] = {
     "index_select_2d_float_index": lambda d: _r(3, 2)(d).index_select(0, torch.tensor([[0.0]], device=d)),
     "bucketize_2d_boundaries": lambda d: torch.bucketize(_r(3)(d), _r(2, 2)(d)),
     "diagonal_scatter_size": lambda d: torch.diagonal_scatter(_r(3, 3)(d), _r(2)(d)),
+    "put_float_index": lambda d: _r(3)(d).put_(torch.tensor([0.0], device=d), _r(1)(d)),
+    "put_int_index": lambda d: _r(3)(d).put_(torch.tensor([0], dtype=_I, device=d), _r(1)(d)),
     "mv_of_a_scalar": lambda d: torch.mv(torch.tensor(1.0, device=d), torch.tensor(1.0, device=d)),
     "det_of_a_scalar": lambda d: torch.linalg.det(torch.tensor(1.0, device=d)),
     "slogdet_of_a_vector": lambda d: torch.linalg.slogdet(_r(3)(d)),

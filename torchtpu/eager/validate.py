@@ -554,6 +554,18 @@ def _indices(arg: str, position: int, checking: str) -> Callable[[OpPlan, dict[s
     return rule
 
 
+_put_source = _same_dtype(
+    "source", "put_(): self and source expected to have the same dtype, but got self.dtype = {S} and source.dtype = {A}"
+)
+
+
+def _put(plan: OpPlan, a: dict[str, Any]) -> None:
+    index = a["index"]
+    if index.dtype != torch.int64:  # tpu wrote through a float index
+        raise RuntimeError(f"put_(): Expected a long tensor for index, but got {scalar_name(index.dtype)}")
+    _put_source(plan, a)
+
+
 def _index_select(plan: OpPlan, a: dict[str, Any]) -> None:
     index = a["index"]
     if index.dim() > 1:  # the CPU checks the rank first
@@ -592,9 +604,7 @@ _INPUT_RULES: dict[str, Callable[[OpPlan, dict[str, Any]], None]] = {
         "source", "index_copy_(): self and source expected to have the same dtype, but got (self) {S} and (source) {A}"
     ),
     "index_put": _index_put,
-    "put": _same_dtype(
-        "source", "put_(): self and source expected to have the same dtype, but got self.dtype = {S} and source.dtype = {A}"
-    ),
+    "put": _put,
     "scatter": _same_dtype("src", "scatter(): Expected self.dtype to be equal to src.dtype"),
     "scatter_add": _same_dtype("src", "scatter(): Expected self.dtype to be equal to src.dtype"),
     "scatter_reduce": _same_dtype("src", "scatter(): Expected self.dtype to be equal to src.dtype"),
