@@ -333,6 +333,13 @@ ARGUMENTS: dict[str, Case] = {
     "diagonal_scatter_size": lambda d: torch.diagonal_scatter(_r(3, 3)(d), _r(2)(d)),
     "put_float_index": lambda d: _r(3)(d).put_(torch.tensor([0.0], device=d), _r(1)(d)),
     "put_int_index": lambda d: _r(3)(d).put_(torch.tensor([0], dtype=_I, device=d), _r(1)(d)),
+    "pow_bool_bool": lambda d: torch.tensor([True, False], device=d) ** torch.tensor([True, True], device=d),
+    "pow_true_bool": lambda d: True ** torch.tensor([True, False], device=d),
+    "pow_two_bool": lambda d: 2 ** torch.tensor([True, False], device=d),  # accepted: int64
+    "clamp_bool_min": lambda d: torch.clamp(torch.tensor([True, False], device=d), min=True),
+    "clamp_bool_both": lambda d: torch.clamp(torch.tensor([True, False], device=d), min=False, max=True),
+    "clamp_max_bool": lambda d: torch.clamp_max(torch.tensor([True, False], device=d), True),
+    "clamp_bool_tensor_bound": lambda d: torch.clamp(torch.tensor([True, False], device=d), min=torch.tensor(True, device=d)),
     "mv_of_a_scalar": lambda d: torch.mv(torch.tensor(1.0, device=d), torch.tensor(1.0, device=d)),
     "det_of_a_scalar": lambda d: torch.linalg.det(torch.tensor(1.0, device=d)),
     "slogdet_of_a_vector": lambda d: torch.linalg.slogdet(_r(3)(d)),

@@ -554,6 +554,34 @@ def _indices(arg: str, position: int, checking: str) -> Callable[[OpPlan, dict[s
     return rule
 
 
+def _pow(plan: OpPlan, a: dict[str, Any]) -> None:
+    """The CPU's pow has no bool kernel: bool ** bool and True ** a bool tensor are refused
+    (bool ** True and ** False are copies and ones, which it special-cases)."""
+    x, y = a.get("self"), a.get("exponent")
+    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+        dtype = torch.result_type(x, y)
+    elif isinstance(y, torch.Tensor):
+        dtype = torch.result_type(y, x)
+    else:
+        return  # a tensor to a Scalar power
+    if dtype is torch.bool:
+        raise NotImplementedError("\"pow\" not implemented for 'Bool'")
+
+
+def _clamp_bool(plan: OpPlan, a: dict[str, Any]) -> None:
+    """Clamping a bool tensor to Python-number bounds: the CPU's scalar kernels have no bool
+    version (tensor bounds are accepted)."""
+    x = a.get("self")
+    if not isinstance(x, torch.Tensor) or x.dtype is not torch.bool:
+        return
+    bounds = {k: a.get(k) for k in ("min", "max") if k in a}
+    if any(isinstance(v, torch.Tensor) for v in bounds.values()) or all(v is None for v in bounds.values()):
+        return
+    given = [k for k, v in bounds.items() if v is not None]
+    kernel = "clamp" if len(given) == 2 else f"clamp_{given[0]}"
+    raise NotImplementedError(f"\"{kernel}_scalar_cpu\" not implemented for 'Bool'")
+
+
 _put_source = _same_dtype(
     "source", "put_(): self and source expected to have the same dtype, but got self.dtype = {S} and source.dtype = {A}"
 )
@@ -594,6 +622,10 @@ _INPUT_RULES: dict[str, Callable[[OpPlan, dict[str, Any]], None]] = {
     **{name: _integral_only("lshift") for name in ("bitwise_left_shift", "__lshift__", "__ilshift__")},
     **{name: _integral_only("rshift") for name in ("bitwise_right_shift", "__rshift__", "__irshift__")},
     "index_select": _index_select,
+    "pow": _pow,
+    "clamp": _clamp_bool,
+    "clamp_min": _clamp_bool,
+    "clamp_max": _clamp_bool,
     "embedding_renorm": _indices("indices", 2, "embedding_renorm_"),
     "embedding_dense_backward": _indices("indices", 2, "embedding_backward"),
     "bucketize": _bucketize,
