@@ -492,3 +492,60 @@ def test_bucketed_outputs_take_in_place_ops_with_gradients() -> None:
         z.pow(2).sum().backward()
         assert_close(z, (2 * x).flip(0))
         assert_close(xt.grad, 8 * x)
+
+
+def _storage_of(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def test_outputs_aliasing_inputs_stay_aliases_when_shapes_turn_dynamic() -> None:
+    """A compiled in-place op returns its input (``copy_(v, ...)`` in the graph), and a
+    compiled view returns a view, also once Dynamo recompiles with symbolic sizes: a new
+    tensor with the same values there (what tpu returned) left every later write through
+    the result out of the caller's tensor — wrong values, found by a random-program fuzzer."""
+
+    def clamp_(v: torch.Tensor) -> torch.Tensor:
+        return v.masked_fill_(v > 1.0, -1.0)
+
+    def head(v: torch.Tensor) -> torch.Tensor:
+        return v[:, : max(v.shape[1] - 1, 1)]  # a size computed from the input's
+
+    def program(x: torch.Tensor, clamp, head) -> list[torch.Tensor]:
+        results = []
+        for view in (x.select(0, 0), x.t()[1:], x[1:, ::2]):  # new shapes: symbolic recompiles
+            r = clamp(view)
+            r.neg_()
+            h = head(x[2:] if view.dim() == 1 else view)
+            h.mul_(0.5)
+            results += [r, h]
+        return results
+
+    base = torch.arange(48, dtype=torch.float32).reshape(6, 8) / 5
+    want_x = base.clone()
+    want = program(want_x, clamp_, head)
+    x = base.to(TPU)
+    got = program(x, torch.compile(clamp_, backend="tpu"), torch.compile(head, backend="tpu"))
+    assert_close(x.cpu(), want_x)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.stride() == w.stride() and g.storage_offset() == w.storage_offset()
+        assert _storage_of(g) == _storage_of(x)
+        assert_close(g.cpu(), w)
+
+
+def test_compiled_single_tensor_adam_step() -> None:
+    """Dynamo writes ``exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=1 - b2)`` as inductor's
+    ``prims.fma`` whatever the backend: Adam(foreach=False) compiled raised NotImplementedError."""
+
+    def run(device: str, compiled: bool) -> list[torch.Tensor]:
+        model = mlp().to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
+        step = torch.compile(opt.step, backend="tpu") if compiled else opt.step
+        x = torch.randn(8, 32, generator=torch.Generator().manual_seed(1)).to(device)
+        for _ in range(3):
+            model(x).square().mean().backward()
+            step()
+            opt.zero_grad()
+        return [p.detach().cpu() for p in model.parameters()]
+
+    for got, want in zip(run(TPU, True), run("cpu", False)):
+        assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -317,16 +317,31 @@ def _strided_read(ctx: ProgramContext, node: torch.fx.Node, args: Any) -> tuple[
     return True, read_view(b, storage, size, stride, offset, x.dtype)
 
 
+def _through_input_copies(node: Any) -> Any:
+    """The graph input a ``copy_`` into it returns (``v.masked_fill_(m, x)`` becomes
+    ``copy_(v, masked_fill(v, m, x))``): that output *is* the input, mutated, as in eager;
+    a new tensor with its values would leave the caller's later writes out of the input."""
+    while (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_function"
+        and node.target is aten.copy_.default
+        and isinstance(node.args[0], torch.fx.Node)
+    ):
+        node = node.args[0]
+    return node
+
+
 def _view_chain(node: Any) -> list[torch.fx.Node] | None:
     """``[input, view, ...]`` when ``node`` is a chain of view ops of a graph input with
     constant arguments (``x.detach()``, ``x.view(2, 3).t()``), else None: such an output
     is made by running the views on the input tensor, an alias as in eager, no program."""
     chain = []
+    node = _through_input_copies(node)
     while isinstance(node, torch.fx.Node) and node.op == "call_function":
         target = node.target
         if not (isinstance(target, torch._ops.OpOverload) and target.is_view and node.args):
             return None
-        if _reads_nodes((node.args[1:], node.kwargs)):  # a size from the graph (a dynamic length): computed
+        if _reads_computed_nodes((node.args[1:], node.kwargs)):  # a size the graph computes: not an alias we can make
             return None
         chain.append(node)
         node = node.args[0]
@@ -335,13 +350,37 @@ def _view_chain(node: Any) -> list[torch.fx.Node] | None:
     return [node, *reversed(chain)]
 
 
-def _reads_nodes(args: Any) -> bool:
-    """Whether ``args`` hold a graph node anywhere (``view(x, [2, s0, 32])``'s ``s0``)."""
+def _size_from_inputs(node: torch.fx.Node) -> bool:
+    """Whether graph node ``node`` is a size the call's own inputs give: an input
+    (``expand(x, [s0])``'s ``s0``), Python arithmetic on such sizes (``sym_max(s0 - 1, 1)``)
+    or a dimension of an input tensor. ``CompiledGraph._view`` evaluates it per call."""
+    if node.op == "placeholder":
+        return True
+    if node.op != "call_function":
+        return False
+    if node.target is aten.sym_size.int:
+        return isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "placeholder"
+    if isinstance(node.target, torch._ops.OpOverload):
+        return False
+    ok = True
+
+    def visit(a: torch.fx.Node) -> torch.fx.Node:
+        nonlocal ok
+        ok = ok and _size_from_inputs(a)
+        return a
+
+    torch.fx.node.map_arg((node.args, node.kwargs), visit)
+    return ok
+
+
+def _reads_computed_nodes(args: Any) -> bool:
+    """Whether ``args`` hold a graph node the call's inputs do not give (a size computed on
+    the device): such a view output cannot be made as an alias of the input."""
     found = False
 
     def visit(a: torch.fx.Node) -> torch.fx.Node:
         nonlocal found
-        found = True
+        found = found or not _size_from_inputs(a)
         return a
 
     torch.fx.node.map_arg(args, visit)
@@ -463,6 +502,8 @@ class CompiledGraph:
         for spec, r in zip(prog.outputs, results):
             if spec[0] == "input":
                 r = args[spec[1]]
+            elif spec[0] == "view":  # of the caller's input, not of its padded stand-in
+                r = self._view(spec, args)
             elif spec[0] == "new" and len(spec) > 5 and spec[5] is not None and isinstance(r, torch.Tensor):
                 sizes = [int(e.xreplace(subs)) if hasattr(e, "xreplace") else int(e) for e in spec[5]]
                 padded = tuple(r.shape)
@@ -531,8 +572,23 @@ class CompiledGraph:
                 results[i] = results[i].cpu()
         return results
 
-    @staticmethod
-    def _results(specs: list[tuple], args: list[Any], cells: Iterator[Cell]) -> list[Any]:
+    def _view(self, spec: tuple, args: list[Any]) -> torch.Tensor:
+        """A ("view", input, chain) output: the view ops run on the caller's input, their
+        size arguments that are graph inputs read from this call (``expand(x, [s0])``)."""
+        t = args[spec[1]]
+        for target, rest, kwargs in spec[2]:
+            rest, kwargs = torch.fx.node.map_arg((rest, kwargs), lambda n: self._size(n, args))
+            t = target(t, *rest, **kwargs)
+        return t
+
+    def _size(self, node: torch.fx.Node, args: list[Any]) -> Any:
+        """The value of a size node (``_size_from_inputs``) for this call's ``args``."""
+        if node.op == "placeholder":
+            return args[self.placeholders[node]]
+        values, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self._size(n, args))
+        return node.target(*values, **kwargs)
+
+    def _results(self, specs: list[tuple], args: list[Any], cells: Iterator[Cell]) -> list[Any]:
         """The graph's outputs: a tensor over each new storage (``cells``, in order), the
         input tensors it returns as they are, and constants."""
         results: list[Any] = []
@@ -543,11 +599,8 @@ class CompiledGraph:
                 results.append(new_tensor(next(cells), sizes, strides, 0, dtype))
             elif kind == "input":
                 results.append(args[spec[1]])
-            elif kind == "view":
-                t = args[spec[1]]
-                for target, rest, kwargs in spec[2]:
-                    t = target(t, *rest, **kwargs)
-                results.append(t)
+            elif kind == "view":  # with bounded dynamism ``args`` are padded: _unpad makes it
+                results.append(None if self.plan is not None else self._view(spec, args))
             else:
                 results.append(spec[1])
         return results
@@ -613,9 +666,10 @@ class CompiledGraph:
         return inputs, geometry
 
     def _output(self, ctx: ProgramContext, node: Any, v: Any) -> tuple[tuple, Value | None]:
+        node = _through_input_copies(node)
         if isinstance(node, torch.fx.Node) and node.op == "placeholder":
             return ("input", self.placeholders[node]), None
-        chain = _view_chain(node) if self.plan is None else None
+        chain = _view_chain(node)
         if chain is not None:  # e.g. the step's ``loss.detach()``: a view, as eager makes it
             return ("view", self.placeholders[chain[0]], tuple((n.target, n.args[1:], n.kwargs) for n in chain[1:])), None
         if not isinstance(v, Value):

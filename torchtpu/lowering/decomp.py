@@ -29,10 +29,22 @@ def _pytorch_tables() -> tuple[dict, dict]:
     return dict(core_aten_decompositions()), dict(decomposition_table)
 
 
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return a * b + c
+
+
+# Ops made by libraries we do not import, found by name. Dynamo writes ``x.addcmul_(t1, t2,
+# value=v)`` (every single-tensor Adam step) as inductor's ``prims.fma(t1 * t2, v, x)``
+# whatever the backend (torch._dynamo.config.enable_dynamo_decompositions).
+_BY_NAME = {"prims::fma": _fma}
+
+
 def decomposition_for(op: Any) -> Any:
     """The decomposition used for ``op`` when it has no rule (None if there is none)."""
     if op in OWN:
         return OWN[op]
+    if isinstance(op, torch._ops.OpOverload) and op.name() in _BY_NAME:
+        return _BY_NAME[op.name()]
     core, full = _pytorch_tables()
     fn = core.get(op) or full.get(op)
     if fn is None and isinstance(op, torch._ops.OpOverload):
