@@ -321,13 +321,14 @@ def _through_input_copies(node: Any) -> Any:
     """The graph input a ``copy_`` into it returns (``v.masked_fill_(m, x)`` becomes
     ``copy_(v, masked_fill(v, m, x))``): that output *is* the input, mutated, as in eager;
     a new tensor with its values would leave the caller's later writes out of the input."""
-    while (
+    if (
         isinstance(node, torch.fx.Node)
         and node.op == "call_function"
         and node.target is aten.copy_.default
         and isinstance(node.args[0], torch.fx.Node)
+        and node.args[0].op == "placeholder"  # the program writes the value back (_Hooks._mutate)
     ):
-        node = node.args[0]
+        return node.args[0]
     return node
 
 
