@@ -10,8 +10,8 @@ reuse the compiled program.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -225,6 +225,35 @@ def _keep_if(L: NodeLowering, skip: Value | None, new: Value, old: Value) -> Val
     return L.b.select(_bc(L, skip, new.shape), old, new)
 
 
+class _ParamStep(NamedTuple):
+    """One parameter's inputs to a fused optimizer step, in its opmath dtype."""
+
+    param: Value
+    grad: Value  # what the update reads: unscaled, negated for maximize, plus L2 weight decay
+    unscaled: Value  # the unscaled gradient, which a GradScaler step writes back into grads
+    const: Callable[[Any], Value]  # a number or 0-d value broadcast to the parameter
+
+
+def _param_step(L: NodeLowering, p: Value, g: Value, grad_scale: Value | None, maximize: bool, weight_decay: Any) -> _ParamStep:
+    """The prologue every fused kernel shares (``weight_decay`` 0: none, or decoupled)."""
+    b, cdt, shape = L.b, _opmath(p.dtype), p.shape
+
+    def const(x: Any) -> Value:
+        return _bc(L, _s(L, x, cdt), shape)
+
+    unscaled = _unscale(L, g, grad_scale, cdt)
+    grad = b.unary("negate", unscaled) if maximize else unscaled
+    param = L.to(p, cdt)
+    if not _is_zero(weight_decay):
+        grad = b.binary("add", grad, b.binary("multiply", param, const(weight_decay)))
+    return _ParamStep(param, grad, unscaled, const)
+
+
+def _grad_out(L: NodeLowering, skip: Value | None, g: Value, step: _ParamStep, grad_scale: Value | None) -> Value:
+    """The grads entry after the step: unscaled in place when a GradScaler passed its scale."""
+    return g if grad_scale is None else _keep_if(L, skip, L.to(step.unscaled, g.dtype), g)
+
+
 def _fused_adam(
     L: NodeLowering,
     params: list[Value],
@@ -250,11 +279,8 @@ def _fused_adam(
     skip = _skip(L, found_inf)
     new_p, new_g, new_m, new_v, new_vmax = [], [], [], [], []
     for i, (p, g, m, v, step) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, state_steps, strict=True)):
-        cdt = _opmath(p.dtype)
-        shape = p.shape
-
-        def c(x: Any, shape: Sequence[int] = shape, cdt: torch.dtype = cdt) -> Value:
-            return _bc(L, _s(L, x, cdt), shape)
+        ps = _param_step(L, p, g, grad_scale, maximize, 0 if adamw else weight_decay)
+        c, cdt, grad, param = ps.const, _opmath(p.dtype), ps.grad, ps.param
 
         # scalar math in double, like the kernels' host-side bias corrections
         step_d = _s(L, step, f64)
@@ -264,15 +290,9 @@ def _fused_adam(
         step_size = b.binary("divide", _s(L, lr, f64), bc1)
         bc2_sqrt = b.unary("sqrt", bc2)
 
-        g_unscaled = _unscale(L, g, grad_scale, cdt)
-        grad = b.unary("negate", g_unscaled) if maximize else g_unscaled
-        param = L.to(p, cdt)
-        if not _is_zero(weight_decay):
-            if adamw:
-                decay = b.binary("multiply", _s(L, lr, f64), _s(L, weight_decay, f64))
-                param = b.binary("subtract", param, b.binary("multiply", param, c(decay)))
-            else:
-                grad = b.binary("add", grad, b.binary("multiply", param, c(weight_decay)))
+        if adamw and not _is_zero(weight_decay):  # decoupled: the parameter decays, not the gradient
+            decay = b.binary("multiply", _s(L, lr, f64), _s(L, weight_decay, f64))
+            param = b.binary("subtract", param, b.binary("multiply", param, c(decay)))
         m_c, v_c = L.to(m, cdt), L.to(v, cdt)
         one_c = c(1)
         # exp_avg.lerp_(grad, 1 - beta1); exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad^2
@@ -294,7 +314,7 @@ def _fused_adam(
         if amsgrad:
             vm = max_exp_avg_sqs[i]
             new_vmax.append(_keep_if(L, skip, L.to(vmax_new, vm.dtype), vm))
-        new_g.append(g if grad_scale is None else _keep_if(L, skip, L.to(g_unscaled, g.dtype), g))
+        new_g.append(_grad_out(L, skip, g, ps, grad_scale))
     if not amsgrad:
         new_vmax = list(max_exp_avg_sqs)
     return new_p, new_g, new_m, new_v, new_vmax
@@ -332,17 +352,8 @@ def fused_sgd(
     use_momentum = not _is_zero(momentum) and len(momentum_buffer_list) == len(params)
     new_p, new_g, new_buf = [], [], []
     for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-        cdt = _opmath(p.dtype)
-        shape = p.shape
-
-        def c(x: Any, shape: Sequence[int] = shape, cdt: torch.dtype = cdt) -> Value:
-            return _bc(L, _s(L, x, cdt), shape)
-
-        g_unscaled = _unscale(L, g, grad_scale, cdt)
-        grad = b.unary("negate", g_unscaled) if maximize else g_unscaled
-        param = L.to(p, cdt)
-        if not _is_zero(weight_decay):
-            grad = b.binary("add", grad, b.binary("multiply", param, c(weight_decay)))
+        ps = _param_step(L, p, g, grad_scale, maximize, weight_decay)
+        c, cdt, grad, param = ps.const, _opmath(p.dtype), ps.grad, ps.param
         if use_momentum:
             buf = momentum_buffer_list[i]
             if is_first_step:
@@ -355,7 +366,7 @@ def fused_sgd(
             new_buf.append(_keep_if(L, skip, L.to(buf_new, buf.dtype), buf))
         p_new = b.binary("subtract", param, b.binary("multiply", c(lr), grad))
         new_p.append(_keep_if(L, skip, L.to(p_new, p.dtype), p))
-        new_g.append(g if grad_scale is None else _keep_if(L, skip, L.to(g_unscaled, g.dtype), g))
+        new_g.append(_grad_out(L, skip, g, ps, grad_scale))
     if not use_momentum:
         new_buf = list(momentum_buffer_list)
     return new_p, new_g, new_buf
@@ -383,27 +394,18 @@ def fused_adagrad(
     skip = _skip(L, found_inf)
     new_p, new_g, new_sum = [], [], []
     for p, g, state_sum, step in zip(params, grads, state_sums, state_steps, strict=True):
-        cdt = _opmath(p.dtype)
-        shape = p.shape
-
-        def c(x: Any, shape: Sequence[int] = shape, cdt: torch.dtype = cdt) -> Value:
-            return _bc(L, _s(L, x, cdt), shape)
-
+        ps = _param_step(L, p, g, grad_scale, maximize, weight_decay)
+        c, cdt, grad, param = ps.const, _opmath(p.dtype), ps.grad, ps.param
         # clr = lr / (1 + (step - 1) * lr_decay), in double as the kernel's host side
         one = b.constant(1, f64)
         decayed = b.binary("multiply", b.binary("subtract", _s(L, step, f64), one), _s(L, lr_decay, f64))
         clr = b.binary("divide", _s(L, lr, f64), b.binary("add", one, decayed))
-        g_unscaled = _unscale(L, g, grad_scale, cdt)
-        grad = b.unary("negate", g_unscaled) if maximize else g_unscaled
-        param = L.to(p, cdt)
-        if not _is_zero(weight_decay):
-            grad = b.binary("add", grad, b.binary("multiply", param, c(weight_decay)))
         sum_new = b.binary("add", L.to(state_sum, cdt), b.binary("multiply", grad, grad))
         std = b.binary("add", b.unary("sqrt", sum_new), c(eps))
         p_new = b.binary("subtract", param, b.binary("divide", b.binary("multiply", c(clr), grad), std))
         new_p.append(_keep_if(L, skip, L.to(p_new, p.dtype), p))
         new_sum.append(_keep_if(L, skip, L.to(sum_new, state_sum.dtype), state_sum))
-        new_g.append(g if grad_scale is None else _keep_if(L, skip, L.to(g_unscaled, g.dtype), g))
+        new_g.append(_grad_out(L, skip, g, ps, grad_scale))
     return new_p, new_g, new_sum, list(state_steps)
 
 
