@@ -187,8 +187,9 @@ def _check_size_nonnegative(size: list[int]) -> None:
             raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {list(size)}")
 
 
-def _check_not_pinned(pin_memory: Any) -> None:
-    """Pinning is for host memory: CUDA's factories refuse pin_memory=True alike."""
+def check_not_pinned(pin_memory: Any) -> None:
+    """Pinning is for host memory: CUDA's factories refuse pin_memory=True alike (the
+    allocation kernels here and every other factory, eager/validate.py)."""
     if pin_memory:
         raise RuntimeError("Only dense CPU tensors can be pinned")
 
@@ -204,7 +205,7 @@ def empty_memory_format(
     _ensure_ops()
     _check_device(device)
     _check_size_nonnegative(size)
-    _check_not_pinned(pin_memory)
+    check_not_pinned(pin_memory)
     dtype = _dtype(dtype)
     numel = int(np.prod(size)) if len(size) else 1
     if memory_format is not None and memory_format is not torch.contiguous_format and memory_format is not torch.preserve_format:
@@ -225,7 +226,7 @@ def empty_strided(
     _ensure_ops()
     _check_device(device)
     _check_size_nonnegative(size)
-    _check_not_pinned(pin_memory)
+    check_not_pinned(pin_memory)
     dtype = _dtype(dtype)
     return new_tensor(Cell(storage_extent(size, stride, 0), dtype), size, stride, 0, dtype)
 

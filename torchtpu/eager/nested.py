@@ -31,16 +31,7 @@ aten = torch.ops.aten
 _libs: list[torch.library.Library] = []
 
 
-# -- nested tensor metadata (host tensors of the NestedTensorImpl) ----------------------------------
-def _lengths(nt: torch.Tensor) -> list[int]:
-    """Each sequence's length (the first dim of each component)."""
-    return aten._nested_tensor_size.default._op_dk(_K.NestedTensorCPU, nt)[:, 0].tolist()
-
-
-def _buffer(nt: torch.Tensor) -> torch.Tensor:
-    return aten.values.default._op_dk(_K.NestedTensorCPU, nt)
-
-
+# -- packing and unpacking ----------------------------------------------------------------------
 def _pack(rows: list[torch.Tensor]) -> torch.Tensor:
     """A nested tensor of the 2-D ``rows`` [length_i, D] (contiguous, one tpu buffer)."""
     d = rows[0].shape[1]
@@ -52,11 +43,12 @@ def _pack(rows: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _unpack(nt: torch.Tensor) -> list[torch.Tensor]:
-    """The components of a nested tensor of 2-D [length_i, D] sequences."""
-    buffer, lengths = _buffer(nt), _lengths(nt)
-    d = aten._nested_tensor_size.default._op_dk(_K.NestedTensorCPU, nt)[0, 1].item() if lengths else 0
+    """The components of a nested tensor of 2-D [length_i, D] sequences (its sizes and
+    offsets are host tensors of the NestedTensorImpl; its buffer is on tpu)."""
+    buffer = aten.values.default._op_dk(_K.NestedTensorCPU, nt)
+    sizes = aten._nested_tensor_size.default._op_dk(_K.NestedTensorCPU, nt).tolist()
     offsets = aten._nested_tensor_storage_offsets.default._op_dk(_K.NestedTensorCPU, nt).tolist()
-    return [buffer[o : o + n * d].view(n, d) for o, n in zip(offsets, lengths)]
+    return [buffer[o : o + n * d].view(n, d) for o, (n, d) in zip(offsets, sizes)]
 
 
 def _padded(rows: list[torch.Tensor], length: int, value: float = 0.0) -> torch.Tensor:

@@ -31,6 +31,7 @@ from torch._prims_common import can_safe_cast_to
 from torch.utils._pytree import tree_flatten
 
 from ..tensor.storage import cell_of
+from .minimal import check_not_pinned
 from .plan import KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
 
 aten = torch.ops.aten
@@ -138,8 +139,8 @@ def arguments(plan: OpPlan, values: list[Any]) -> None:
     rules go by op name, and a library's ``mylib::scatter`` is not aten's scatter."""
     if plan.op.namespace != "aten":
         return
-    if "pin_memory" in plan.names and values[plan.names.index("pin_memory")]:
-        raise RuntimeError("Only dense CPU tensors can be pinned")  # CUDA's factories refuse it alike
+    if "pin_memory" in plan.names:
+        check_not_pinned(values[plan.names.index("pin_memory")])
     rule = _shape_rules().get(plan.functional)
     if rule is None and plan.functional._opname in _FACTORIES:
         rule = _factory_size
