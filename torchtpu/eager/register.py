@@ -198,15 +198,8 @@ def _lu_layout_kernel(name: str) -> Any:
     op = getattr(torch.ops.aten, name).default
 
     def kernel(A: torch.Tensor) -> Any:  # noqa: N803 - schema name
-        from .cpu_errors import raise_as_cpu
-        from .dispatch import run
-
-        try:
-            return run(op, (A.mT if A.dim() >= 2 and not A.is_contiguous() and not A.is_complex() else A,), {})
-        except NotImplementedError:
-            raise
-        except Exception as e:  # noqa: BLE001 - refused arguments: the CPU's words (linalg.det of a vector)
-            raise_as_cpu(op, (A,), {}, e)
+        # the generic kernel: refusals in the CPU's words (the determinant of a vector)
+        return _make_kernel(op)(A.mT if A.dim() >= 2 and not A.is_contiguous() and not A.is_complex() else A)
 
     return kernel
 
