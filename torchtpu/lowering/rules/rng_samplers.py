@@ -29,6 +29,7 @@ from ...stablehlo.builder import Value
 from ..context import NodeLowering
 from ..registry import register, register_meta
 from .polynomials import Expr
+from .reduction import sum_keep
 from .rng import _float_dtype, bits_dtype, box_muller, continue_from, draw_bits, philox_state, uniform01, unit_floats
 
 aten = torch.ops.aten
@@ -131,10 +132,8 @@ def sample_dirichlet(L: NodeLowering, alpha: Value, generator: Any = None) -> Va
     e = Expr(L, a.shape, a.dtype)
     g = gamma_samples(L, a)
     g = e.sel(e.cmp(g, 0.0, "GT"), g, e.c(0.0))
-    b = L.b
     last = a.rank - 1
-    (total,) = b.reduce([g], [b.constant(0.0, a.dtype)], [last], lambda acc, v: [b.binary("add", acc, v)])
-    total = b.broadcast_in_dim(total, a.shape, list(range(last)))
+    total = L.broadcast_to(sum_keep(L, g, [last], a.dtype), a.shape)
     parts = e.sel(e.cmp(total, 0.0, "GT"), e.div(g, total), e.c(1.0 / max(a.shape[last], 1)))
     return L.to(_at_least_tiny(e, parts, out.dtype), out.dtype)
 
