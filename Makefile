@@ -6,9 +6,13 @@ STAMP := $(VENV)/.torchtpu-installed
 
 .PHONY: demo test test-all test-ops test-models test-models-defer test-models-compile test-models-bf16 test-examples docs bench lint clean
 
-$(STAMP): pyproject.toml
+# torch first, then torchtpu without build isolation: its C++ hooks (setup.py) compile
+# against the torch in the venv (an isolated build would fetch another torch).
+TORCH_PIN := $(shell grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
+$(STAMP): pyproject.toml setup.py torchtpu/csrc/hooks.cpp
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e ".[dev,hf,jax,docs]"
+	$(PY) -m pip install -q "setuptools>=70.1" "$(TORCH_PIN)"
+	$(PY) -m pip install -q --no-build-isolation -e ".[dev,hf,jax,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -20,6 +20,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 import torchtpu
+from torchtpu import _registration
 
 MODES = ("eager", "defer_and_fuse", "compile")
 
@@ -104,11 +105,12 @@ def test_checkpointed_dropout_redraws_the_forward_masks(mode: str, use_reentrant
             False,
             True,
             marks=pytest.mark.xfail(
+                not _registration.NATIVE_HOOKS,
                 raises=NotImplementedError,
                 strict=True,
                 reason="offload=True keeps activations with save_on_cpu(pin_memory=True), whose "
                 "torch.empty(pin_memory=True) asks the PrivateUse1 C++ hooks for a pinned allocator; "
-                "the Python hooks torch lets a backend register cannot provide one (README, What is supported)",
+                "this install has none (torchtpu/csrc/hooks.cpp was not built: setup.py)",
             ),
         ),
         ("defer_and_fuse", False, False),

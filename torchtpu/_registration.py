@@ -169,12 +169,32 @@ def _patch_storage_pickle() -> None:
         cls.__reduce__ = __reduce__
 
 
-def register_device() -> None:
-    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+def _install_native_hooks() -> bool:
+    """Register the C++ hooks (torchtpu/csrc/hooks.cpp: tpu generators, pinned host memory)
+    when the extension was built; False when it was not (a Python hooks object then)."""
+    try:
+        from . import _hooks  # type: ignore[attr-defined]
+    except ImportError:
+        return False
+    _hooks.install()
+    return True
 
+
+NATIVE_HOOKS = False  # set by register_device: whether the C++ hooks are in
+
+
+def register_device() -> None:
+    """PyTorch's ``_setup_privateuseone_for_python_backend``, with C++ hooks where built."""
+    global NATIVE_HOOKS
     from . import device
 
-    _setup_privateuseone_for_python_backend("tpu", backend_module=device.make_module(), hook=_Hooks(), device_guard=_Guard())
+    torch.utils.rename_privateuse1_backend("tpu")
+    torch.utils.generate_methods_for_privateuse1_backend()
+    torch._register_device_module("tpu", device.make_module())
+    NATIVE_HOOKS = _install_native_hooks()
+    if not NATIVE_HOOKS:
+        torch._C._acc.register_python_privateuseone_hook(_Hooks())
+    torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     torch.serialization.register_package(5, _ser_tag, _ser_restore)
     _patch_accelerator_synchronize()
     _patch_tensor_printing()
@@ -193,9 +213,10 @@ def register_device() -> None:
     from .device import modules
 
     modules.install()
-    from .device import pinned_memory
+    if not NATIVE_HOOKS:  # the C++ hooks pin for real
+        from .device import pinned_memory
 
-    pinned_memory.install()
+        pinned_memory.install()
     from .eager import nested
 
     nested.install()  # nn.TransformerEncoder's nested-tensor inference path

@@ -1,4 +1,5 @@
-"""``Tensor.pin_memory()`` when the tpu device is the current accelerator.
+"""``Tensor.pin_memory()`` when the tpu device is the current accelerator, for an install
+without the C++ hooks (torchtpu/csrc/hooks.cpp, which pin for real).
 
 ``DataLoader(pin_memory=True)`` (the default of Hugging Face's ``Trainer``) pins every batch
 for ``torch.accelerator.current_accelerator()``. PyTorch's CPU kernel asks the PrivateUse1

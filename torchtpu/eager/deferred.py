@@ -229,7 +229,7 @@ def _append_node(g: Graph, node: _Node, key: tuple) -> None:
     _hook_backward(g)
 
 
-def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
+def record(plan: OpPlan, values: list[Any], call: Any, key: tuple, generator: torch.Generator | None = None) -> Any:
     g = _graph_for(call.cells, key)
     spec = _SPECS.get(key)
     if spec is None:
@@ -249,7 +249,7 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> Any:
         node.where = checks.user_source_line()
     g.operands.extend(call.scalars)
     if plan.random:
-        g.operands.append(rng.next_state_buffer())
+        g.operands.append(rng.next_state_buffer(generator))
     new = []
     for i, s in enumerate(specs):
         if s is None:

@@ -70,6 +70,8 @@ def _freeze(v: Any) -> Any:
         return tuple(_freeze(x) for x in v)
     if isinstance(v, torch.Tensor):
         raise TypeError("unexpected tensor in a static argument")
+    if isinstance(v, torch.Generator):  # its state is the op's RNG operand, not part of the program
+        return "generator"
     if isinstance(v, float):
         if v != v:
             return ("nan",)
@@ -212,9 +214,10 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     key = tuple(call.key)
     if plan.scalar_positions and scalar_range.suspect(plan, values):
         scalar_range.check(plan, values, args, kwargs, key)
+    generator = None
     if plan.random:
         if plan.generator_position is not None:
-            rng.check_generator(values[plan.generator_position])
+            generator = rng.device_generator(values[plan.generator_position])
         key = key + (rng.STATE_KEY,)
     donate = _donatable(plan, values, call) if plan.mutable and mode != modes.DEFER else ()
     if donate:
@@ -223,7 +226,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         from . import deferred
 
         try:
-            out = deferred.record(plan, values, call, key)
+            out = deferred.record(plan, values, call, key, generator)
         except NotImplementedError:
             return _cpu_fallback_or_raise(op, args, kwargs)
         if op_report.recorder is not None:
@@ -246,7 +249,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     inputs = [c.buf for c in call.cells if c.initialized]
     inputs.extend(call.scalars)
     if plan.random:
-        inputs.append(rng.next_state_buffer())
+        inputs.append(rng.next_state_buffer(generator))
     outs = execute(prog.storage, inputs, plan.name)
     if mode == modes.BLOCKING:
         _wait_for_call(plan, outs)

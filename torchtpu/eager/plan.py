@@ -213,6 +213,8 @@ def _meta(v: Any) -> Any:
         return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
     if isinstance(v, (list, tuple)) and v and any(isinstance(x, torch.Tensor) for x in v):
         return type(v)(_meta(x) for x in v)
+    if isinstance(v, torch.Generator):  # shapes never depend on it; refs (exponential_...) refuse one
+        return None
     return v
 
 

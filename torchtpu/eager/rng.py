@@ -4,6 +4,11 @@ Each random op gets ``[seed, counter]`` as a u64[2] operand and derives its bits
 ``stablehlo.rng_bit_generator`` (Philox) from it; the counter then moves on. The same
 seed therefore gives the same sequence of random ops, and the state never enters a
 cache key.
+
+A ``torch.Generator(device="tpu")`` (C++ hooks, torchtpu/csrc/hooks.cpp) holds a state of
+its own, ``[initial_seed(), get_offset()]``, used and moved on the same way by the ops
+given ``generator=``: a generator seeded with s draws what ``torch.tpu.manual_seed(s)``
+would.
 """
 
 from __future__ import annotations
@@ -30,8 +35,17 @@ def initial_seed() -> int:
     return _seed
 
 
-def next_state_buffer() -> object:
-    return reserve_state_buffer(1)
+def next_state_buffer(generator: torch.Generator | None = None) -> object:
+    """The state of one random op: ``generator``'s (a tpu generator), else the device's."""
+    if generator is None:
+        return reserve_state_buffer(1)
+    from ..runtime import pjrt
+
+    with _lock:
+        offset = generator.get_offset()
+        generator.set_offset(offset + 1)
+        state = np.array([generator.initial_seed(), offset], dtype=np.uint64)
+    return pjrt.get().put(state)
 
 
 def reserve_state_buffer(n: int) -> object:
@@ -59,15 +73,14 @@ def set_state(state: torch.Tensor) -> None:
         _seed, _counter = int(arr[0]), int(arr[1])
 
 
-def check_generator(generator: torch.Generator | None) -> None:
-    """A random op on tpu given ``generator=``: CUDA's error for a generator of another
-    device. Every generator is one (tpu has none of its own: ``torch.Generator("tpu")``
-    needs C++ hooks), and drawing from the device state instead would silently ignore it."""
-    if generator is None:
-        return
+def device_generator(generator: torch.Generator | None) -> torch.Generator | None:
+    """The ``generator=`` of a random op on tpu: a tpu generator, or None for the device's
+    own state. A generator of another device raises CUDA's error (drawing from the device
+    state instead would silently ignore it)."""
+    if generator is None or generator.device.type == "tpu":
+        return generator
     raise RuntimeError(
-        f"Expected a 'tpu' device type for generator but found '{generator.device.type}'. torchtpu draws every "
-        "random op from the device's own state: seed it with torch.manual_seed (or torch.tpu.manual_seed), "
-        "save and restore it with torch.tpu.get_rng_state/set_rng_state, or draw on the generator's device "
-        "and move the result with .to('tpu')"
+        f"Expected a 'tpu' device type for generator but found '{generator.device.type}'. Make the generator on "
+        "the device (torch.Generator(device='tpu').manual_seed(...)), seed the device with torch.manual_seed "
+        "(or torch.tpu.manual_seed), or draw on the generator's device and move the result with .to('tpu')"
     )

@@ -1,0 +1,181 @@
+// The tpu device's C++ hooks: what PyTorch asks a backend's PrivateUse1HooksInterface for
+// and a Python hooks object cannot give -- a generator per `torch.Generator("tpu")` and a
+// pinned host allocator (`pin_memory=True`, `Tensor.pin_memory()`, `is_pinned()`).
+//
+// Optional: torchtpu imports it when it was built (setup.py builds it when torch and a C++
+// compiler are there) and registers Python hooks otherwise, which lack these two things.
+// No pybind11: a one-function CPython module keeps the build to the ATen headers.
+
+#include <Python.h>
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Generator.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/GeneratorImpl.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+#include <cstring>
+#include <mutex>
+#include <unordered_set>
+
+namespace {
+
+constexpr uint64_t kDefaultSeed = 67280421310721ULL;  // PyTorch's default seed
+constexpr size_t kStateBytes = 2 * sizeof(uint64_t);  // [seed, offset], torch.tpu.get_rng_state's layout
+
+// A tpu generator is the device RNG's state on its own: a Philox key (the seed) and a
+// counter (the offset). A random op given the generator draws with [seed, offset] and
+// moves the offset on by one, as the device's default state does (torchtpu/eager/rng.py),
+// so a generator seeded with s gives what torch.tpu.manual_seed(s) gives.
+struct TpuGenerator final : public c10::GeneratorImpl {
+  explicit TpuGenerator(c10::DeviceIndex index)
+      : c10::GeneratorImpl{
+            c10::Device(c10::DeviceType::PrivateUse1, index),
+            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)} {}
+
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    offset_ = 0;
+  }
+  uint64_t current_seed() const override { return seed_; }
+  uint64_t seed() override {
+    uint64_t s = c10::detail::getNonDeterministicRandom();
+    set_current_seed(s);
+    return s;
+  }
+  void set_offset(uint64_t offset) override { offset_ = offset; }
+  uint64_t get_offset() const override { return offset_; }
+
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    auto state = at::detail::empty_cpu({static_cast<int64_t>(kStateBytes)}, c10::ScalarType::Byte, std::nullopt,
+                                       std::nullopt, std::nullopt, std::nullopt);
+    uint64_t words[2] = {seed_, offset_};
+    std::memcpy(state.data_ptr(), words, kStateBytes);
+    return state.getIntrusivePtr();
+  }
+  void set_state(const c10::TensorImpl& state) override {
+    TORCH_CHECK(state.dtype() == caffe2::TypeMeta::Make<uint8_t>() && state.numel() == static_cast<int64_t>(kStateBytes),
+                "RNG state must be a torch.ByteTensor of ", kStateBytes,
+                " bytes (what Generator.get_state() returns for a tpu generator), got ", state.numel(), " elements of ",
+                state.dtype().name());
+    TORCH_CHECK(state.is_contiguous(), "RNG state must be contiguous");
+    uint64_t words[2];
+    std::memcpy(words, state.data(), kStateBytes);
+    seed_ = words[0];
+    offset_ = words[1];
+  }
+
+ private:
+  TpuGenerator* clone_impl() const override {
+    auto* g = new TpuGenerator(device().index());
+    g->seed_ = seed_;
+    g->offset_ = offset_;
+    return g;
+  }
+
+  uint64_t seed_ = kDefaultSeed;
+  uint64_t offset_ = 0;
+};
+
+// Pinned host memory for the tpu device. The PjRT client copies from any host address
+// (there is no page-locking to do on the cpu platform), so a pinned block is an ordinary
+// aligned CPU allocation that remembers it was asked for pinned: `is_pinned()` is true
+// for exactly the storages this allocator made, as on CUDA.
+class PinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+    if (data) {
+      std::lock_guard<std::mutex> lock(mutex());
+      blocks().insert(data);
+    }
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+
+  static bool pinned(const void* data) {
+    std::lock_guard<std::mutex> lock(mutex());
+    return blocks().count(const_cast<void*>(data)) > 0;
+  }
+
+ private:
+  static void release(void* data) {
+    if (!data) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      blocks().erase(data);
+    }
+    c10::free_cpu(data);
+  }
+  // function-local statics: alive for deleters that run at interpreter exit
+  static std::mutex& mutex() {
+    static auto* m = new std::mutex();
+    return *m;
+  }
+  static std::unordered_set<void*>& blocks() {
+    static auto* s = new std::unordered_set<void*>();
+    return *s;
+  }
+};
+
+struct TpuHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  void init() const override {}
+  c10::DeviceIndex deviceCount() const override { return 1; }  // one device per process (torch.tpu.device_count)
+  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  void setCurrentDevice(c10::DeviceIndex device) const override { check_index(device); }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    check_index(device);
+    return 0;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override { return exchangeDevice(device); }
+
+  at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+    check_index(index);
+    return at::make_generator<TpuGenerator>(index < 0 ? 0 : index);
+  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
+    TORCH_CHECK(false,
+                "the tpu device's default random state is torch.tpu's: seed it with torch.manual_seed or "
+                "torch.tpu.manual_seed, save and restore it with torch.tpu.get_rng_state / set_rng_state, or "
+                "make a generator of your own with torch.Generator(device='tpu')");
+  }
+
+  bool isPinnedPtr(const void* data) const override { return PinnedAllocator::pinned(data); }
+  c10::Allocator* getPinnedMemoryAllocator() const override {
+    static PinnedAllocator allocator;
+    return &allocator;
+  }
+  at::Device getDeviceFromPtr(void*) const override { return at::Device(c10::DeviceType::PrivateUse1, 0); }
+
+ private:
+  static void check_index(c10::DeviceIndex index) {
+    TORCH_CHECK(index <= 0, "Invalid device index ", static_cast<int>(index),
+                ": a torchtpu process drives one device, tpu:0");
+  }
+};
+
+PyObject* install(PyObject*, PyObject*) {
+  try {
+    at::RegisterPrivateUse1HooksInterface(new TpuHooks());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef methods[] = {
+    {"install", install, METH_NOARGS, "Register the tpu device's C++ hooks (once, before any Python hooks)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "torchtpu._hooks", nullptr, -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__hooks() { return PyModule_Create(&module); }
