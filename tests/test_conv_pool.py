@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from utils import TPU, assert_close, check, check_refereed
 
+import torchtpu
 from torchtpu.eager import dispatch
 from torchtpu.lowering.rules import convolution as conv_rules
 
@@ -188,6 +189,32 @@ def test_grid_sample_backward_matches_cpu(mode, padding):
     F.grid_sample(xt, gt, mode=mode, padding_mode=padding, align_corners=False).backward(g.to(TPU))
     assert_close(xt.grad, x.grad, atol=1e-5, rtol=1e-5)
     assert_close(gt.grad, grid.grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
+@pytest.mark.parametrize("padding", ["border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_gives_no_gradient_to_grid_points_on_the_border(align_corners, padding, mode):
+    """The CPU and CUDA kernels count a source position exactly on the border as outside
+    when they clip it (``clip_coordinates_set_grad``): such a grid point gets no gradient.
+    The backward through PyTorch's decomposition took the interpolation's slope there (its
+    clamp passes the gradient at the bounds): the grid gradient differed by up to ~100 at
+    the edge pixels of an identity ``affine_grid`` (a spatial transformer at its init).
+    Positions on the border are exact in every formula here: +-1 with align_corners, and
+    +-(1 - 1/8) for 8 pixels without; the rest are random, some outside."""
+    torch.manual_seed(0)
+    edge = 1.0 if align_corners else 1 - 1 / 8
+    grid = torch.rand(2, 5, 6, 2) * 2.6 - 1.3
+    grid[:, 0, :, 0], grid[:, 1, :, 0], grid[:, 2, :, 1], grid[:, 3, :, 1] = edge, -edge, edge, -edge
+    x = torch.randn(2, 3, 8, 8)
+    g = torch.randn(2, 3, 5, 6)
+    want = grid.clone().requires_grad_()
+    F.grid_sample(x, want, padding_mode=padding, align_corners=align_corners).backward(g)
+    got = grid.to(TPU).requires_grad_()
+    with torchtpu.eager_mode(mode):
+        F.grid_sample(x.to(TPU), got, padding_mode=padding, align_corners=align_corners).backward(g.to(TPU))
+    assert want.grad[:, :4].eq(0).any()  # the border points' own coordinate got none on the CPU
+    assert_close(got.grad, want.grad, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])

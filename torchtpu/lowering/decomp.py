@@ -200,7 +200,41 @@ def _grid_sampler_2d_backward(
     from torch._decomp.decompositions import grid_sampler_2d
 
     gx, gg = _grad_through(lambda a, g: grid_sampler_2d(a, g, mode, padding, align_corners), [x, grid], list(mask), grad)
-    return gx, gg if gg is not None else torch.zeros_like(grid)
+    if gg is None:
+        return gx, torch.zeros_like(grid)
+    if mode == _BILINEAR and padding != _ZEROS:
+        gg = gg * _strictly_inside(grid, x.shape[-1], x.shape[-2], padding == _REFLECTION, align_corners)
+    return gx, gg
+
+
+_BILINEAR, _ZEROS, _REFLECTION = 0, 0, 2  # grid_sampler's interpolation and padding codes
+
+
+def _strictly_inside(grid: torch.Tensor, width: int, height: int, reflect: bool, align_corners: bool) -> torch.Tensor:
+    """Per grid coordinate, 1 where its source position (unnormalized, reflected for
+    reflection padding) lies strictly inside [0, size - 1], else 0. The CPU and CUDA kernels
+    count the borders as outside when they clip (``clip_coordinates_set_grad``), so a grid
+    point landing exactly on the border -- every edge pixel of an identity affine_grid --
+    gets no gradient; the decomposition's clamp passes the interpolation's slope there."""
+    factors = []
+    for coord, size in ((grid[..., 0], width), (grid[..., 1], height)):
+        # the CPU kernel's own arithmetic (GridSamplerKernel.cpp), so the border test agrees with it
+        pos = (coord + 1) * ((size - 1) / 2) if align_corners else (coord + 1) * (size / 2) - 0.5
+        if reflect:
+            pos = _reflect(pos, 0.0 if align_corners else -0.5, (size - 1) if align_corners else size - 0.5)
+        factors.append(((pos > 0) & (pos < size - 1)).to(grid.dtype))
+    return torch.stack(factors, dim=-1)
+
+
+def _reflect(pos: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """Reflect ``pos`` into [low, high] (the decomposition's reflect_coordinates)."""
+    span = high - low
+    if span == 0:
+        return torch.zeros_like(pos)
+    dist = (pos - low).abs()
+    extra = torch.fmod(dist, span)
+    odd = torch.floor(dist / span).remainder(2) == 1
+    return torch.where(odd, high - extra, low + extra)
 
 
 @register_own(aten.multi_margin_loss_backward.default)
