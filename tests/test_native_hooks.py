@@ -30,6 +30,7 @@ DRAWS = {
     "random_": lambda g: torch.empty(4, device=TPU).random_(0, 100, generator=g),
     "poisson": lambda g: torch.poisson(torch.full((4,), 3.0, device=TPU), generator=g),
     "_standard_gamma": lambda g: torch._standard_gamma(torch.full((4,), 0.7, device=TPU), generator=g),
+    "binomial": lambda g: torch.binomial(torch.full((4,), 30.0, device=TPU), torch.full((4,), 0.6, device=TPU), generator=g),
 }
 
 

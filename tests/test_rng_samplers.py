@@ -1,6 +1,6 @@
 """Samplers that loop until they accept (torchtpu/lowering/rules/rng_samplers.py): Gamma,
-Dirichlet, Poisson, and the reparameterized Gamma gradient, which ``torch.distributions``
-(Gamma, Beta, Dirichlet, Chi2, StudentT, Poisson) needs. The device draws from its own
+Dirichlet, Poisson, Binomial, and the reparameterized Gamma gradient, which
+``torch.distributions`` (Gamma, Beta, Dirichlet, Chi2, StudentT, Poisson, Binomial) needs. The device draws from its own
 Philox stream, so samples are compared with the CPU's as distributions (two-sample
 Kolmogorov-Smirnov on fixed seeds), and edge values, errors and gradients exactly."""
 
@@ -39,6 +39,12 @@ SAMPLERS = {
     "beta": (lambda a: torch.distributions.Beta(a, a * 2).sample(), torch.full((N,), 0.7)),
     "student-t": (lambda a: torch.distributions.StudentT(a).sample(), torch.full((N,), 3.0)),
     "chi2": (lambda a: torch.distributions.Chi2(a).sample(), torch.full((N,), 5.0)),
+    # inversion (count * p < 10) and BTRS, with prob above 1/2 too (count - a sample of 1 - prob)
+    **{
+        f"binomial-{n}-{p}": (lambda c, p=p: torch.binomial(c, torch.full_like(c, p)), torch.full((N,), float(n)))
+        for n, p in ((5, 0.3), (30, 0.9), (100, 0.2), (1000, 0.5), (1e6, 0.3), (50, 0.95))
+    },
+    "distributions.Binomial": (lambda c: torch.distributions.Binomial(c, probs=torch.full_like(c, 0.4)).sample(), torch.full((N,), 12.0)),
 }
 
 
@@ -74,9 +80,18 @@ def test_edge_values_are_the_cpus() -> None:
     assert mixed[:2].tolist() == [torch.finfo(torch.float32).tiny] * 2 and mixed[2].item() == pytest.approx(1.0)
 
 
+def test_binomial_edge_values_and_errors_are_the_cpus() -> None:
+    """count <= 0 or prob <= 0: 0; prob >= 1: count; a NaN prob: NaN (with count > 0)."""
+    count = torch.tensor([0.0, -1, 5, 5, 5, 5, 7, 7, 0, 4])
+    prob = torch.tensor([0.5, 0.5, 0.0, 1.0, float("nan"), 1.5, -0.2, 1.0, float("nan"), float("inf")])
+    torch.testing.assert_close(torch.binomial(count.to(TPU), prob.to(TPU)).cpu(), torch.binomial(count, prob), equal_nan=True)
+    with pytest.raises(ValueError, match="binomial only supports floating-point dtypes for count, got: Long"):
+        torch.binomial(torch.full((3,), 5, device=TPU), torch.full((3,), 0.5, device=TPU))
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 def test_other_float_dtypes(dtype: torch.dtype) -> None:
-    for fn in (torch._standard_gamma, torch.poisson):
+    for fn in (torch._standard_gamma, torch.poisson, lambda c: torch.binomial(c * 4, torch.full_like(c, 0.25))):
         x = fn(torch.full((2000,), 3.0, dtype=dtype, device=TPU)).cpu()
         assert x.dtype == dtype and (x >= 0).all() and abs(x.double().mean().item() - 3.0) < 0.3
 

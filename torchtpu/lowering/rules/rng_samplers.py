@@ -1,5 +1,6 @@
 """Random samplers that draw until they accept: Gamma (so Dirichlet, Beta, Chi2, StudentT
-in ``torch.distributions``) and Poisson; and the reparameterized gradient of a Gamma sample.
+in ``torch.distributions``), Poisson and Binomial; and the reparameterized gradient of a
+Gamma sample.
 
 They use the algorithms of PyTorch's kernels (aten/src/ATen/native/Distributions.h), so
 the distributions and the edge values are the CPU's, not its exact numbers (the device
@@ -10,6 +11,8 @@ draws from Philox):
   (and NaN) become that number, as on the CPU.
 - Poisson(rate): Knuth's product of uniforms for rate < 10, Hormann's transformed
   rejection (PTRS) above. A negative or NaN rate is the CPU's error.
+- Binomial(count, prob): inversion (geometric waiting times) for count * p < 10 with p
+  the smaller of prob and 1 - prob, Hormann's BTRS above.
 
 Every element loops at once: one ``stablehlo.while`` whose every trip draws fresh uniforms
 for the whole tensor, and an element keeps the first value it accepts. The loop stops when
@@ -174,6 +177,99 @@ def poisson(L: NodeLowering, rates: Value, generator: Any = None) -> Value:
 
     zero_or_bad = e.not_(e.cmp(lam, 0.0, "GT"))  # rate 0 is 0; negative and NaN raised above
     sample = _accept_loop(L, e, zero_or_bad, e.c(0.0), [e.c(0.0), one], trip)
+    return L.to(sample, out.dtype)
+
+
+# Stirling's series tail log(k!) - [(k + 1/2) log(k + 1) - (k + 1) + log(2 pi)/2] for k <= 9
+_STIRLING_TAIL = (
+    0.0810614667953272, 0.0413406959554092, 0.0276779256849983, 0.02079067210376509, 0.0166446911898211,
+    0.0138761288230707, 0.0118967099458917, 0.0104112652619720, 0.00925546218271273, 0.00833056343336287,
+)  # fmt: skip
+
+
+def _stirling_tail(e: Expr, k: Value) -> Value:
+    """The CPU's stirling_approx_tail: the table up to 9, the series above."""
+    kp1 = e.add(k, e.c(1.0))
+    kp1sq = e.mul(kp1, kp1)
+    series = e.div(e.sub(e.c(1.0 / 12), e.div(e.sub(e.c(1.0 / 360), e.div(e.c(1.0 / 1260), kp1sq)), kp1sq)), kp1)
+    out = series
+    for i, v in reversed(list(enumerate(_STIRLING_TAIL))):
+        out = e.sel(e.cmp(k, float(i), "EQ"), e.c(v), out)
+    return out
+
+
+@register_meta(aten.binomial.default)
+def binomial_meta(count: torch.Tensor, prob: torch.Tensor, generator: Any = None) -> torch.Tensor:
+    """PyTorch has no Meta kernel for it: the samples are count's shape and dtype."""
+    return torch.empty_like(count)
+
+
+@register(aten.binomial.default, random=True)
+def binomial(L: NodeLowering, count: Value, prob: Value, generator: Any = None) -> Value:
+    """Binomial(count, prob) as the CPU samples it (sample_binomial): with p the smaller of
+    prob and 1 - prob, inversion (counting geometric waiting times) when count * p < 10,
+    Hormann's BTRS above; a prob above 1/2 samples count - Binomial(count, 1 - prob).
+    count <= 0 or prob <= 0 give 0, prob >= 1 gives count, a NaN prob gives NaN."""
+    if not count.dtype.is_floating_point:
+        raise ValueError(f"binomial only supports floating-point dtypes for count, got: {count.dtype}")
+    out = L.out[0]
+    n, prob = L.promote(count, prob, dtype=_float_dtype(out.dtype))
+    e = Expr(L, n.shape, n.dtype)
+    one, half = e.c(1.0), e.c(0.5)
+    flip = e.cmp(prob, 0.5, "GT")
+    p = e.sel(flip, e.sub(one, prob), prob)
+    inversion = e.cmp(e.mul(n, p), 10.0, "LT")
+    log_q = e.un("log_plus_one", e.neg(p))
+    # BTRS constants (where count * p >= 10)
+    q = e.sub(one, p)
+    stddev = e.un("sqrt", e.mul(e.mul(n, p), q))
+    b = e.add(e.c(1.15), e.mul(e.c(2.53), stddev))
+    a = e.add(e.add(e.c(-0.0873), e.mul(e.c(0.0248), b)), e.mul(e.c(0.01), p))
+    c = e.add(e.mul(n, p), half)
+    v_r = e.sub(e.c(0.92), e.div(e.c(4.2), b))
+    r = e.div(p, q)
+    alpha = e.mul(e.add(e.c(2.83), e.div(e.c(5.1), b)), stddev)
+    m = e.un("floor", e.mul(e.add(n, one), p))
+    log_of = lambda x: e.un("log", x)  # noqa: E731
+    nm1 = e.add(e.sub(n, m), one)
+    # the k-independent part of BTRS's bound (each log keeps its ratio: float32 cannot
+    # afford the difference of two large logs)
+    bound_m = e.add(
+        e.mul(e.add(m, half), log_of(e.div(e.add(m, one), e.mul(r, nm1)))),
+        e.add(_stirling_tail(e, m), _stirling_tail(e, e.sub(n, m))),
+    )
+
+    def trip(draws: _Draws, successes: Value, waited: Value) -> tuple[Value, Value, list[Value]]:
+        u, v = draws.uniform(open_low=True), draws.uniform()
+        # inversion: add geometric waiting times until they pass count; the sample is how many fit
+        waited = e.add(waited, e.un("ceil", e.div(log_of(u), log_q)))
+        inverted = e.both(inversion, e.cmp(waited, n, "GT"))
+        # BTRS: a candidate k from the transformed uniform, accepted by the box or the exact bound
+        uc = e.sub(u, half)
+        us = e.sub(half, e.abs(uc))
+        k = e.un("floor", e.add(e.mul(e.add(e.div(e.mul(e.c(2.0), a), us), b), uc), c))
+        sensible = e.both(e.cmp(k, 0.0, "GE"), e.cmp(k, n, "LE"))
+        box = e.both(e.cmp(us, 0.07, "GE"), e.cmp(v, v_r, "LE"))
+        lhs = log_of(e.div(e.mul(v, alpha), e.add(e.div(a, e.mul(us, us)), b)))
+        nk1 = e.add(e.sub(n, k), one)
+        rhs = e.sub(
+            e.add(
+                e.add(bound_m, e.mul(e.add(n, one), log_of(e.div(nm1, nk1)))),
+                e.mul(e.add(k, half), log_of(e.div(e.mul(r, nk1), e.add(k, one)))),
+            ),
+            e.add(_stirling_tail(e, k), _stirling_tail(e, e.sub(n, k))),
+        )
+        btrs_accepts = e.both(e.not_(inversion), e.both(sensible, e.either(box, e.cmp(lhs, rhs, "LE"))))
+        value = e.sel(inversion, successes, k)
+        return e.either(inverted, btrs_accepts), value, [e.add(successes, e.sel(inverted, e.c(0.0), one)), waited]
+
+    nan_prob = e.cmp(prob, prob, "NE")
+    trivial = e.either(e.not_(e.cmp(n, 0.0, "GT")), e.either(e.not_(e.cmp(p, 0.0, "GT")), nan_prob))
+    drawn = _accept_loop(L, e, trivial, e.c(0.0), [e.c(0.0), e.c(0.0)], trip)
+    drawn = e.sel(flip, e.sub(n, drawn), drawn)
+    edge = e.sel(e.cmp(prob, 1.0, "GE"), n, e.c(0.0))  # count <= 0 or prob <= 0: 0; prob >= 1: count
+    sample = e.sel(trivial, e.sel(e.cmp(n, 0.0, "GT"), edge, e.c(0.0)), drawn)
+    sample = e.sel(e.both(nan_prob, e.cmp(n, 0.0, "GT")), prob, sample)
     return L.to(sample, out.dtype)
 
 
