@@ -1,6 +1,6 @@
 """Random samplers that draw until they accept: Gamma (so Dirichlet, Beta, Chi2, StudentT
-in ``torch.distributions``), Poisson and Binomial; and the reparameterized gradient of a
-Gamma sample.
+in ``torch.distributions``), Poisson and Binomial; and the reparameterized gradients of a
+Gamma and of a Dirichlet (so Beta) sample.
 
 They use the algorithms of PyTorch's kernels (aten/src/ATen/native/Distributions.h), so
 the distributions and the edge values are the CPU's, not its exact numbers (the device
@@ -358,3 +358,164 @@ def _gamma_grad_rational(e: Expr, a: Value, x: Value) -> Value:
         return e.add(c[0], e.mul(v, e.add(c[1], e.mul(v, e.add(c[2], e.mul(v, c[3]))))))
 
     return e.un("exponential", e.div(cubic(k[:4]), cubic(k[4:])))
+
+
+# -- the reparameterized gradient of a Dirichlet (so Beta) sample ---------------------------------
+@register_meta(aten._dirichlet_grad.default)
+def dirichlet_grad_meta(x: torch.Tensor, alpha: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """PyTorch has no Meta kernel for it: an elementwise op in x's dtype."""
+    return x.new_empty(torch.broadcast_shapes(x.shape, alpha.shape, total.shape))
+
+
+@register(aten._dirichlet_grad.default)
+def dirichlet_grad(L: NodeLowering, x: Value, alpha: Value, total: Value) -> Value:
+    """d x / d alpha for a component x of a Dirichlet sample with concentration alpha and
+    concentrations summing to total (a Beta(alpha, total - alpha) sample), scaled as
+    torch.distributions' _Dirichlet backward expects: PyTorch's four regimes -- Taylor
+    series in x near 0 and in 1 - x near 1, Rice's saddle-point expansion when both Beta
+    parameters exceed 6, a rational correction to an analytic approximation elsewhere.
+    The regime is chosen in x's dtype, as the CPU chooses it; the formulas run in float64
+    where the platform has it (the CPU's accumulation type for its two expansions)."""
+    out = L.out[0]
+    xs, a_s, ts = L.promote(x, alpha, total, dtype=out.dtype)
+    s = Expr(L, out.shape, out.dtype)
+    boundary = s.mul(s.mul(ts, xs), s.sub(s.c(1.0), xs))
+    near_zero = s.both(s.cmp(xs, 0.5, "LE"), s.cmp(boundary, 2.5, "LT"))
+    near_one = s.both(s.cmp(xs, 0.5, "GE"), s.cmp(boundary, 0.75, "LT"))
+    both_large = s.both(s.cmp(a_s, 6.0, "GT"), s.cmp(s.sub(ts, a_s), 6.0, "GT"))
+    work = torch.float64 if L.ctx.supports_f64 else _float_dtype(out.dtype)
+    xw, aw, tw = (L.to(v, work) for v in (xs, a_s, ts))
+    e = Expr(L, out.shape, work)
+    beta = e.sub(tw, aw)
+    grad = e.sel(
+        near_zero,
+        _beta_grad_alpha_small_x(L, e, xw, aw, beta),
+        e.sel(
+            near_one,
+            e.neg(_beta_grad_beta_small_x(L, e, e.sub(e.c(1.0), xw), beta, aw)),
+            e.sel(both_large, _beta_grad_saddle(e, xw, aw, beta), _beta_grad_rational(L, e, xw, aw, tw, beta)),
+        ),
+    )
+    return L.to(grad, out.dtype)
+
+
+def _zero_if_nan(e: Expr, v: Value) -> Value:
+    return e.sel(e.cmp(v, v, "NE"), e.c(0.0), v)
+
+
+def _beta_grad_alpha_small_x(L: NodeLowering, e: Expr, x: Value, a: Value, beta: Value) -> Value:
+    """Beta(a, beta)'s gradient in a for x near 0: a Taylor series in x (11 terms)."""
+    one = e.c(1.0)
+    factor = e.sub(e.sub(L.b.chlo("digamma", a), L.b.chlo("digamma", e.add(a, beta))), e.un("log", x))
+    numer = one
+    series = e.mul(e.div(one, a), e.add(factor, e.div(one, a)))
+    for i in range(1, 11):
+        numer = e.mul(numer, e.div(e.mul(e.sub(e.c(float(i)), beta), x), e.c(float(i))))
+        denom = e.add(a, e.c(float(i)))
+        series = e.add(series, e.mul(e.div(numer, denom), e.add(factor, e.div(one, denom))))
+    return _zero_if_nan(e, e.mul(e.mul(x, L.b.binary("power", e.sub(one, x), e.neg(beta))), series))
+
+
+def _beta_grad_beta_small_x(L: NodeLowering, e: Expr, x: Value, a: Value, beta: Value) -> Value:
+    """Beta(a, beta)'s gradient in beta for x near 0: a Taylor series in x (9 terms)."""
+    one = e.c(1.0)
+    factor = e.sub(L.b.chlo("digamma", e.add(a, beta)), L.b.chlo("digamma", beta))
+    numer, betas, dbetas = one, one, e.c(0.0)
+    series = e.div(factor, a)
+    for i in range(1, 9):
+        c = e.c(float(i))
+        numer = e.mul(numer, e.div(e.neg(x), c))
+        dbetas = e.add(e.mul(dbetas, e.sub(beta, c)), betas)
+        betas = e.mul(betas, e.sub(beta, c))
+        series = e.add(series, e.mul(e.div(numer, e.add(a, c)), e.add(dbetas, e.mul(factor, betas))))
+    return _zero_if_nan(e, e.neg(e.mul(L.b.binary("power", e.sub(one, x), e.sub(one, beta)), series)))
+
+
+def _beta_grad_saddle(e: Expr, x: Value, a: Value, beta: Value) -> Value:
+    """Beta(a, beta)'s gradient in a when both exceed 6: Rice's saddle-point expansion,
+    with a polynomial within a tenth of a standard deviation of the mean (its singularity)."""
+    one = e.c(1.0)
+    c = e.c
+    total = e.add(a, beta)
+    mean = e.div(a, total)
+    std = e.div(e.un("sqrt", e.div(e.mul(a, beta), e.add(total, one))), total)
+    near_mean = e.both(e.cmp(e.sub(mean, e.mul(c(0.1), std)), x, "LE"), e.cmp(x, e.add(mean, e.mul(c(0.1), std)), "LE"))
+    bb = e.mul(beta, beta)
+    one_x = e.sub(one, x)
+    # the polynomial, Horner in a
+    inner = e.mul(e.mul(c(8.0), one_x), e.sub(e.mul(c(135.0), beta), c(11.0)))
+    inner = e.add(e.mul(e.sub(e.add(c(453.0), e.mul(e.mul(c(1620.0), beta), one_x)), e.mul(c(455.0), x)), beta), e.mul(a, inner))
+    inner = e.add(e.mul(e.mul(c(3.0), e.sub(e.add(c(59.0), e.mul(c(180.0), beta)), e.mul(c(90.0), x))), bb), e.mul(a, inner))
+    inner = e.add(e.mul(e.mul(e.add(c(43.0), e.mul(e.mul(c(20.0), e.add(c(16.0), e.mul(c(27.0), beta))), x)), bb), beta), e.mul(a, inner))
+    poly = e.add(e.mul(e.mul(c(47.0), x), e.mul(bb, bb)), e.mul(a, inner))
+    pre_num = e.div(e.mul(e.add(one, e.mul(c(12.0), a)), e.add(one, e.mul(c(12.0), beta))), e.mul(total, total))
+    pre_den = e.mul(e.mul(e.mul(c(12960.0), e.mul(e.mul(a, a), a)), bb), e.add(one, e.mul(c(12.0), total)))
+    polynomial = e.div(e.mul(e.div(pre_num, one_x), poly), pre_den)
+    # the expansion
+    prefactor = e.div(e.neg(x), e.un("sqrt", e.div(e.mul(e.mul(c(2.0), a), beta), total)))
+
+    def stirling_factor(v: Value) -> Value:
+        return e.add(e.add(one, e.div(one, e.mul(c(12.0), v))), e.div(one, e.mul(c(288.0), e.mul(v, v))))
+
+    stirling = e.div(e.mul(stirling_factor(a), stirling_factor(beta)), stirling_factor(total))
+    x_1 = e.sub(x, one)
+    term1_num = e.sub(e.add(e.mul(e.mul(c(2.0), e.mul(a, a)), x_1), e.mul(e.mul(a, beta), x_1)), e.mul(x, bb))
+    axbx = e.add(e.mul(a, x_1), e.mul(beta, x))
+    term1_den = e.mul(
+        e.mul(e.un("sqrt", e.div(e.mul(c(2.0), a), beta)), e.b.binary("power", total, c(1.5))), e.mul(axbx, axbx)
+    )
+    term1 = e.div(term1_num, term1_den)
+    term2 = e.mul(c(0.5), e.un("log", e.div(a, e.mul(total, x))))
+    term3 = e.div(e.un("sqrt", e.div(e.mul(e.mul(c(8.0), a), beta), total)), axbx)
+    term4_base = e.add(
+        e.mul(beta, e.un("log", e.div(beta, e.mul(total, one_x)))), e.mul(a, e.un("log", e.div(a, e.mul(total, x))))
+    )
+    term4 = e.b.binary("power", term4_base, c(-1.5))
+    term1234 = e.add(term1, e.mul(term2, e.add(term3, e.sel(e.cmp(x, mean, "LT"), term4, e.neg(term4)))))
+    return e.sel(near_mean, polynomial, e.mul(e.mul(stirling, prefactor), term1234))
+
+
+# the rational correction's coefficients: [p or q][power of u][power of a'][power of b'],
+# with u = log x, a' = log alpha - u, b' = log total - a' (PyTorch's fit)
+# fmt: off
+_DIRICHLET_RATIONAL = (
+    (((1.003668233, -0.01061107488, -0.0657888334, 0.01201642863),
+      (0.6336835991, -0.3557432599, 0.05486251648, -0.001465281033),
+      (-0.03276231906, 0.004474107445, 0.002429354597, -0.0001557569013)),
+     ((0.221950385, -0.3187676331, 0.01799915743, 0.01074823814),
+      (-0.2951249643, 0.06219954479, 0.01535556598, 0.001550077057),
+      (0.02155310298, 0.004170831599, 0.001292462449, 6.976601077e-05)),
+     ((-0.05980841433, 0.008441916499, 0.01085618172, 0.002319392565),
+      (0.02911413504, 0.01400243777, -0.002721828457, 0.000751041181),
+      (0.005900514878, -0.001936558688, -9.495446725e-06, 5.385558597e-05))),
+    (((1.0, -0.02924021934, -0.04438342661, 0.007285809825),
+      (0.6357567472, -0.3473456711, 0.05454656494, -0.002407477521),
+      (-0.03301322327, 0.004845219414, 0.00231480583, -0.0002307248149)),
+     ((0.5925320577, -0.1757678135, 0.01505928619, 0.000564515273),
+      (0.1014815858, -0.06589186703, 0.01272886114, -0.0007316646956),
+      (-0.007258481865, 0.001096195486, 0.0003934994223, -4.12701925e-05)),
+     ((0.06469649321, -0.0236701437, 0.002902096474, -5.896963079e-05),
+      (0.001925008108, -0.002869809258, 0.0008000589141, -6.063713228e-05),
+      (-0.0003477407336, 6.959756487e-05, 1.097287507e-05, -1.650964693e-06))),
+)
+# fmt: on
+
+
+def _beta_grad_rational(L: NodeLowering, e: Expr, x: Value, a: Value, total: Value, beta: Value) -> Value:
+    """x (digamma(total) - digamma(a)) / beta, corrected by a rational fit p / q."""
+    u = e.un("log", x)
+    la = e.sub(e.un("log", a), u)
+    lb = e.sub(e.un("log", total), la)
+    pow_u, pow_a = (e.c(1.0), u, e.mul(u, u)), (e.c(1.0), la, e.mul(la, la))
+
+    def fit(table: tuple) -> Value:
+        acc = e.c(0.0)
+        for i in range(3):
+            for j in range(3):
+                c0, c1, c2, c3 = (e.c(v) for v in table[i][j])
+                cubic = e.add(c0, e.mul(lb, e.add(c1, e.mul(lb, e.add(c2, e.mul(lb, c3))))))
+                acc = e.add(acc, e.mul(e.mul(pow_u[i], pow_a[j]), cubic))
+        return acc
+
+    approx = e.div(e.mul(x, e.sub(L.b.chlo("digamma", total), L.b.chlo("digamma", a))), beta)
+    return e.mul(e.div(fit(_DIRICHLET_RATIONAL[0]), fit(_DIRICHLET_RATIONAL[1])), approx)
