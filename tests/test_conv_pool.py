@@ -217,6 +217,66 @@ def test_grid_sample_gives_no_gradient_to_grid_points_on_the_border(align_corner
     assert_close(got.grad, want.grad, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("eager_mode", ["eager", "defer_and_fuse"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_grid_sample_3d_matches_cpu(mode, padding, eager_mode):
+    """5-D grid_sample (volumes: VoxelMorph-style registration, video) was not lowered."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 5, 6)
+    grid = torch.rand(2, 3, 4, 2, 3) * 2.4 - 1.2
+    grid[0, 0, 0, 0] = torch.tensor([1.0, -1.0, 1.0])
+    g = torch.randn(2, 3, 3, 4, 2)
+    for align_corners in (False, True):
+        want_x, want_g = x.clone().requires_grad_(), grid.clone().requires_grad_()
+        want = F.grid_sample(want_x, want_g, mode=mode, padding_mode=padding, align_corners=align_corners)
+        want.backward(g)
+        got_x, got_g = x.to(TPU).requires_grad_(), grid.to(TPU).requires_grad_()
+        with torchtpu.eager_mode(eager_mode):
+            got = F.grid_sample(got_x, got_g, mode=mode, padding_mode=padding, align_corners=align_corners)
+            got.backward(g.to(TPU))
+        assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert_close(got_x.grad, want_x.grad, atol=1e-5, rtol=1e-5)
+        assert_close(got_g.grad, want_g.grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("size", [(4, 1, 28, 28), (2, 3, 7, 13), (2, 1, 3, 5, 6)])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_an_identity_affine_grid_is_the_cpus_to_the_bit(size, align_corners):
+    """PyTorch's decomposition builds the base grid as linspace(-a, a), an ulp off the CPU's
+    linspace(-1, 1) * (n - 1) / n; grid_sample's gradient jumps at integer positions, so at
+    an identity theta that ulp chose the other side at many pixels."""
+    identity = torch.eye(len(size) - 1)[:-1].expand(size[0], -1, -1).contiguous()
+    grid = F.affine_grid(identity.to(TPU), size, align_corners=align_corners).cpu()
+    assert torch.equal(grid, F.affine_grid(identity, size, align_corners=align_corners))
+    # any other theta: the matmul's rounding is the implementation's own
+    theta = identity + 0.1 * torch.randn(identity.shape, generator=torch.Generator().manual_seed(0))
+    want = F.affine_grid(theta, size, align_corners=align_corners)
+    assert_close(F.affine_grid(theta.to(TPU), size, align_corners=align_corners), want, atol=1e-6, rtol=1e-6)
+
+
+def test_a_spatial_transformer_at_its_identity_init_has_the_cpus_gradient():
+    """A spatial transformer network (localization net whose last layer starts at the
+    identity transform, affine_grid, grid_sample, a classifier): every sampling position is
+    an integer, where bilinear interpolation has a kink. The theta gradient was off by up to
+    0.9 (1.40 on the CPU, 0.54 on tpu) from the ulp-different affine grid."""
+    torch.manual_seed(0)
+    loc = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(128, 6))
+    torch.nn.init.zeros_(loc[-1].weight)
+    with torch.no_grad():
+        loc[-1].bias.copy_(torch.tensor([1.0, 0, 0, 0, 1, 0]))
+    head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 10))
+    x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    grads = []
+    for device in ("cpu", TPU):
+        l, h = copy.deepcopy(loc).to(device), copy.deepcopy(head).to(device)
+        xd = x.to(device)
+        grid = F.affine_grid(l(xd).view(-1, 2, 3), xd.size(), align_corners=False)
+        F.cross_entropy(h(F.grid_sample(xd, grid, padding_mode="border", align_corners=False)), y.to(device)).backward()
+        grads.append(l[-1].bias.grad.cpu())
+    assert_close(grads[1], grads[0], atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
 def test_pad_backward_matches_cpu(mode):
     # reflection_pad{1,2,3}d_backward has its own rule (float32 sums for 16-bit grads); replicate too

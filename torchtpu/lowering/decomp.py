@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 import torch
@@ -197,33 +198,46 @@ def _grad_through(forward: Any, inputs: list[torch.Tensor], wanted: list[bool], 
 def _grid_sampler_2d_backward(
     grad: torch.Tensor, x: torch.Tensor, grid: torch.Tensor, mode: int, padding: int, align_corners: bool, mask: list[bool]
 ) -> tuple[Any, Any]:
+    """Bilinear and nearest: autograd through ``_grid_sample`` (the CPU's gradient at the
+    borders); bicubic, whose taps are clipped as integers: through PyTorch's decomposition."""
     from torch._decomp.decompositions import grid_sampler_2d
 
-    gx, gg = _grad_through(lambda a, g: grid_sampler_2d(a, g, mode, padding, align_corners), [x, grid], list(mask), grad)
-    if gg is None:
-        return gx, torch.zeros_like(grid)
-    if mode == _BILINEAR and padding != _ZEROS:
-        gg = gg * _strictly_inside(grid, x.shape[-1], x.shape[-2], padding == _REFLECTION, align_corners)
-    return gx, gg
+    forward = _grid_sample if mode in (_BILINEAR, _NEAREST) else grid_sampler_2d
+    gx, gg = _grad_through(lambda a, g: forward(a, g, mode, padding, align_corners), [x, grid], list(mask), grad)
+    return gx, gg if gg is not None else torch.zeros_like(grid)
 
 
-_BILINEAR, _ZEROS, _REFLECTION = 0, 0, 2  # grid_sampler's interpolation and padding codes
+@register_own(aten.grid_sampler_3d.default)
+def _grid_sampler_3d(x: torch.Tensor, grid: torch.Tensor, mode: int, padding: int, align_corners: bool) -> torch.Tensor:
+    return _grid_sample(x, grid, mode, padding, align_corners)
 
 
-def _strictly_inside(grid: torch.Tensor, width: int, height: int, reflect: bool, align_corners: bool) -> torch.Tensor:
-    """Per grid coordinate, 1 where its source position (unnormalized, reflected for
-    reflection padding) lies strictly inside [0, size - 1], else 0. The CPU and CUDA kernels
-    count the borders as outside when they clip (``clip_coordinates_set_grad``), so a grid
-    point landing exactly on the border -- every edge pixel of an identity affine_grid --
-    gets no gradient; the decomposition's clamp passes the interpolation's slope there."""
-    factors = []
-    for coord, size in ((grid[..., 0], width), (grid[..., 1], height)):
-        # the CPU kernel's own arithmetic (GridSamplerKernel.cpp), so the border test agrees with it
-        pos = (coord + 1) * ((size - 1) / 2) if align_corners else (coord + 1) * (size / 2) - 0.5
-        if reflect:
-            pos = _reflect(pos, 0.0 if align_corners else -0.5, (size - 1) if align_corners else size - 0.5)
-        factors.append(((pos > 0) & (pos < size - 1)).to(grid.dtype))
-    return torch.stack(factors, dim=-1)
+@register_own(aten.grid_sampler_3d_backward.default)
+def _grid_sampler_3d_backward(
+    grad: torch.Tensor, x: torch.Tensor, grid: torch.Tensor, mode: int, padding: int, align_corners: bool, mask: list[bool]
+) -> tuple[Any, Any]:
+    gx, gg = _grad_through(lambda a, g: _grid_sample(a, g, mode, padding, align_corners), [x, grid], list(mask), grad)
+    return gx, gg if gg is not None else torch.zeros_like(grid)
+
+
+_BILINEAR, _NEAREST = 0, 1  # grid_sampler's interpolation modes
+_ZEROS, _REFLECTION = 0, 2  # and padding modes
+
+
+def _source_position(coord: torch.Tensor, size: int, padding: int, align_corners: bool) -> torch.Tensor:
+    """A normalized grid coordinate as a position in an input of ``size`` pixels: the CPU
+    kernel's arithmetic (GridSamplerKernel.cpp), then border or reflection padding. A
+    padded position passes gradient only strictly inside [0, size - 1]: the CPU and CUDA
+    kernels count the borders as outside when they clip (``clip_coordinates_set_grad``), so
+    a grid point exactly on the border -- every edge pixel of an identity affine_grid --
+    gets none (a clamp would pass the interpolation's slope there)."""
+    pos = (coord + 1) * ((size - 1) / 2) if align_corners else (coord + 1) * (size / 2) - 0.5
+    if padding == _ZEROS:
+        return pos
+    if padding == _REFLECTION:
+        pos = _reflect(pos, 0.0 if align_corners else -0.5, (size - 1) if align_corners else size - 0.5)
+    inside = (pos > 0) & (pos < size - 1)
+    return torch.where(inside, pos, pos.detach().clamp(0, size - 1))
 
 
 def _reflect(pos: torch.Tensor, low: float, high: float) -> torch.Tensor:
@@ -235,6 +249,76 @@ def _reflect(pos: torch.Tensor, low: float, high: float) -> torch.Tensor:
     extra = torch.fmod(dist, span)
     odd = torch.floor(dist / span).remainder(2) == 1
     return torch.where(odd, high - extra, low + extra)
+
+
+def _grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: int, padding: int, align_corners: bool) -> torch.Tensor:
+    """Bilinear/trilinear (mode 0) or nearest (mode 1, ties to even) sampling of ``x``
+    (N, C, *spatial: 2 or 3 dims) at ``grid`` (N, *out, k: x, y[, z] in [-1, 1]), as gathers
+    of the 2^k (or 1) taps around each position; a tap outside the input reads zero."""
+    if x.dtype in (torch.float16, torch.bfloat16):  # positions and weights in float32, as CUDA's opmath
+        return _grid_sample(x.float(), grid.float(), mode, padding, align_corners).to(x.dtype)
+    k = x.dim() - 2
+    torch._check(
+        k in (2, 3) and grid.dim() == x.dim() and grid.shape[-1] == k and x.shape[0] == grid.shape[0],
+        lambda: "grid_sampler: bad shapes",
+    )
+    torch._check(mode in (_BILINEAR, _NEAREST), lambda: "grid_sampler(): bicubic interpolation only supports 4D input")
+    n, c, sizes = x.shape[0], x.shape[1], list(x.shape[2:])  # (D,) H, W
+    out_shape = grid.shape[1:-1]
+    # positions per spatial dim, outermost first; grid's last axis runs innermost first (x, y, z)
+    pos = [_source_position(grid[..., k - 1 - d], sizes[d], padding, align_corners) for d in range(k)]
+    flat = x.reshape(n, c, -1)
+
+    def tap(idx: list[torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
+        inside, index = None, None
+        for i, size in zip(idx, sizes):
+            ok = (i >= 0) & (i < size)
+            inside = ok if inside is None else inside & ok
+            i = i.clamp(0, size - 1)
+            index = i if index is None else index * size + i
+        values = flat.gather(2, index.reshape(n, 1, -1).expand(n, c, -1)).reshape(n, c, *out_shape)
+        return values * torch.where(inside, weight, 0).unsqueeze(1)
+
+    if mode == _NEAREST:
+        return tap([p.round().long() for p in pos], torch.ones_like(pos[0]))
+    lows = [p.floor() for p in pos]
+    fracs = [p - lo for p, lo in zip(pos, lows)]
+    lows = [lo.long() for lo in lows]
+    out = None
+    for corner in itertools.product((0, 1), repeat=k):
+        weight = None
+        for bit, f in zip(corner, fracs):
+            w = f if bit else 1 - f
+            weight = w if weight is None else weight * w
+        term = tap([lo + bit for lo, bit in zip(lows, corner)], weight)
+        out = term if out is None else out + term
+    return out
+
+
+@register_own(aten.affine_grid_generator.default)
+def _affine_grid_generator(theta: torch.Tensor, size: list[int], align_corners: bool) -> torch.Tensor:
+    """The CPU's affine grid, with its arithmetic: the base grid from ``linspace(-1, 1, n)``
+    (times (n - 1), over n without align_corners), then one batched matmul with theta.
+    PyTorch's decomposition builds the base grid as ``linspace(-a, a, n)``, a rounding
+    apart: for an identity theta (a spatial transformer at its init) the grid differed from
+    the CPU's by an ulp, and grid_sample's gradient, which jumps at integer positions, then
+    took the other side at many pixels."""
+    n, spatial = size[0], list(size[2:])  # (D,) H, W
+    k = len(spatial)
+    axes = []
+    for d, steps in enumerate(reversed(spatial)):  # x (width) first, as the grid's last axis
+        if steps <= 1:
+            line = torch.zeros(max(steps, 1), dtype=theta.dtype)
+        else:
+            line = torch.linspace(-1, 1, steps, dtype=theta.dtype)
+            if not align_corners:
+                line = line * (steps - 1) / steps
+        shape = [1] * k
+        shape[k - 1 - d] = steps
+        axes.append(line.reshape(shape).expand(spatial))
+    base = torch.stack([*axes, torch.ones(spatial, dtype=theta.dtype)], dim=-1)
+    grid = base.reshape(1, -1, k + 1).expand(n, -1, -1).bmm(theta.transpose(1, 2))
+    return grid.reshape(n, *spatial, k)
 
 
 @register_own(aten.multi_margin_loss_backward.default)

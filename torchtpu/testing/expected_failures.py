@@ -69,7 +69,6 @@ _COMPLEX32 = "complex32 (ComplexHalf) has no XLA element type: a float16 complex
 _SPARSE = "sparse layouts (COO/CSR) are not supported on tpu (dense only): the op raises"
 _COMPLEX_LSE = "logsumexp/logcumsumexp of complex tensors are not lowered (raise NotImplementedError naming the CPU fallback)"
 _SEGMENT_REDUCE = "aten::segment_reduce (a prototype op) has no lowering: raises NotImplementedError naming TORCHTPU_CPU_FALLBACK"
-_GRID_3D = "grid_sampler_3d (5-d grid_sample) has no lowering: raises NotImplementedError naming TORCHTPU_CPU_FALLBACK (4-d grid_sample works)"
 _HISTOGRAM_OUT = (
     "histogram's out= overload (histogram.bin_ct_out) has no lowering: raises NotImplementedError; the functional form works"
 )
@@ -92,8 +91,8 @@ _ADDBMM_INPLACE = (
     "with shape [1] doesn't match the broadcast shape [5, 10]'), and so does tpu, with that RuntimeError"
 )
 _GRID_SAMPLE_GRAD = (
-    "grid_sampler_2d's backward is autograd through PyTorch's decomposition of the forward, not the CPU's fused backward "
-    "kernel: 40 of 1120 elements differ by up to 7e-5, summed error against float64 equal to the CPU's to 3 digits "
+    "grid_sampler_2d's backward is autograd through a gather-based forward (torchtpu's for bilinear and nearest, "
+    "PyTorch's decomposition for bicubic), not the CPU's fused backward kernel: 40 of 1120 elements differ by up to 7e-5, summed error against float64 equal to the CPU's to 3 digits "
     "(0.00258 both)"
 )
 _LOGCUMSUMEXP_GRAD = (
@@ -350,8 +349,6 @@ XFAIL: dict[Key, str] = {
     ("logcumsumexp", "complex128", None): _COMPLEX_LSE,
     ("_segment_reduce.lengths", None, None): _SEGMENT_REDUCE,
     ("_segment_reduce.offsets", None, None): _SEGMENT_REDUCE,
-    ("grid_sampler_3d", None, None): _GRID_3D,
-    ("nn.functional.grid_sample", None, None): _GRID_3D,
     ("histogram", None, "out"): _HISTOGRAM_OUT,
     ("istft", None, "grad"): _ISTFT_WINDOW,
     ("_batch_norm_with_update", None, "fwd"): _NORM_STATS,

@@ -1647,46 +1647,6 @@ OBSERVED: dict[Key, Entry] = {
     ("fmod", "float64", "extremal"): Observed("mismatch", (4, 5), max_abs=float("inf"), max_rel=float("inf")),
     ("frexp", "float64", "extremal"): Observed("mismatch", (5,), max_abs=1023.0, max_rel=float("inf")),
     ("grid_sampler_2d", "float32", "grad"): Observed("mismatch", (14,), max_abs=7.2479248046875e-05, max_rel=1189.3916881878501),
-    ("grid_sampler_3d", "bfloat16", "fwd"): Observed(
-        "missing",
-        (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("grid_sampler_3d", "bfloat16", "grad"): Observed(
-        "missing",
-        (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("grid_sampler_3d", "float16", "fwd"): Observed(
-        "missing",
-        (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("grid_sampler_3d", "float16", "grad"): Observed(
-        "missing",
-        (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("grid_sampler_3d", "float32", "fwd"): Observed(
-        "missing",
-        (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("grid_sampler_3d", "float32", "grad"): Observed(
-        "missing",
-        (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("grid_sampler_3d", "float64", "fwd"): Observed(
-        "missing",
-        (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("grid_sampler_3d", "float64", "grad"): Observed(
-        "missing",
-        (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
     ("histogram", "float32", "out"): Observed(
         "missing",
         (
@@ -3082,46 +3042,6 @@ OBSERVED: dict[Key, Entry] = {
     ("nn.functional.cross_entropy", "bfloat16", "grad"): Observed("mismatch", (15, 19), max_abs=0.125, max_rel=float("inf")),
     ("nn.functional.embedding_bag", "bfloat16", "grad"): Observed(
         "mismatch", (19,), max_abs=0.00390625, max_rel=0.021052631578947368
-    ),
-    ("nn.functional.grid_sample", "bfloat16", "fwd"): Observed(
-        "missing",
-        (18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("nn.functional.grid_sample", "bfloat16", "grad"): Observed(
-        "missing",
-        (18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("nn.functional.grid_sample", "float16", "fwd"): Observed(
-        "missing",
-        (18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("nn.functional.grid_sample", "float16", "grad"): Observed(
-        "missing",
-        (18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("nn.functional.grid_sample", "float32", "fwd"): Observed(
-        "missing",
-        (18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("nn.functional.grid_sample", "float32", "grad"): Observed(
-        "missing",
-        (18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("nn.functional.grid_sample", "float64", "fwd"): Observed(
-        "missing",
-        (18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
-    ),
-    ("nn.functional.grid_sample", "float64", "grad"): Observed(
-        "missing",
-        (18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29),
-        error="torchtpu: operator 'aten::grid_sampler_3d' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or mov",
     ),
     ("nn.functional.kl_div", "float16", "grad"): Observed(
         "mismatch", (13, 15), max_abs=0.0001220703125, max_rel=0.016666666666666666
