@@ -194,29 +194,17 @@ def _grad_through(forward: Any, inputs: list[torch.Tensor], wanted: list[bool], 
     return [g if w else None for g, w in zip(grads, wanted)]
 
 
-@register_own(aten.grid_sampler_2d_backward.default)
-def _grid_sampler_2d_backward(
+@register_own(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
+def _grid_sampler_backward(
     grad: torch.Tensor, x: torch.Tensor, grid: torch.Tensor, mode: int, padding: int, align_corners: bool, mask: list[bool]
 ) -> tuple[Any, Any]:
-    """Bilinear and nearest: autograd through ``_grid_sample`` (the CPU's gradient at the
-    borders); bicubic, whose taps are clipped as integers: through PyTorch's decomposition."""
+    """Bilinear and nearest (2-d and 3-d): autograd through ``_grid_sample`` (the CPU's
+    gradient at the borders); 2-d bicubic, whose taps are clipped as integers: through
+    PyTorch's decomposition."""
     from torch._decomp.decompositions import grid_sampler_2d
 
     forward = _grid_sample if mode in (_BILINEAR, _NEAREST) else grid_sampler_2d
     gx, gg = _grad_through(lambda a, g: forward(a, g, mode, padding, align_corners), [x, grid], list(mask), grad)
-    return gx, gg if gg is not None else torch.zeros_like(grid)
-
-
-@register_own(aten.grid_sampler_3d.default)
-def _grid_sampler_3d(x: torch.Tensor, grid: torch.Tensor, mode: int, padding: int, align_corners: bool) -> torch.Tensor:
-    return _grid_sample(x, grid, mode, padding, align_corners)
-
-
-@register_own(aten.grid_sampler_3d_backward.default)
-def _grid_sampler_3d_backward(
-    grad: torch.Tensor, x: torch.Tensor, grid: torch.Tensor, mode: int, padding: int, align_corners: bool, mask: list[bool]
-) -> tuple[Any, Any]:
-    gx, gg = _grad_through(lambda a, g: _grid_sample(a, g, mode, padding, align_corners), [x, grid], list(mask), grad)
     return gx, gg if gg is not None else torch.zeros_like(grid)
 
 
@@ -251,6 +239,7 @@ def _reflect(pos: torch.Tensor, low: float, high: float) -> torch.Tensor:
     return torch.where(odd, high - extra, low + extra)
 
 
+@register_own(aten.grid_sampler_3d.default)
 def _grid_sample(x: torch.Tensor, grid: torch.Tensor, mode: int, padding: int, align_corners: bool) -> torch.Tensor:
     """Bilinear/trilinear (mode 0) or nearest (mode 1, ties to even) sampling of ``x``
     (N, C, *spatial: 2 or 3 dims) at ``grid`` (N, *out, k: x, y[, z] in [-1, 1]), as gathers
@@ -307,8 +296,8 @@ def _affine_grid_generator(theta: torch.Tensor, size: list[int], align_corners: 
     k = len(spatial)
     axes = []
     for d, steps in enumerate(reversed(spatial)):  # x (width) first, as the grid's last axis
-        if steps <= 1:
-            line = torch.zeros(max(steps, 1), dtype=theta.dtype)
+        if steps == 1:  # (sizes are positive: F.affine_grid checks)
+            line = torch.zeros(1, dtype=theta.dtype)
         else:
             line = torch.linspace(-1, 1, steps, dtype=theta.dtype)
             if not align_corners:
