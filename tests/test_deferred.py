@@ -243,7 +243,7 @@ def test_dead_intermediates_are_not_outputs():
         graph = deferred._graph()
         n_cells = len(graph.cells)
         y.cpu()
-    live = [k for k in deferred._GRAPHS if len(k[0]) == 4 and k[0][0][0][0] is torch.ops.aten.exp.default]
+    live = [k for k in deferred._GRAPHS if len(k[0]) == 4 and k[0][0][0][0].op is torch.ops.aten.exp.default]  # keys hold the op's plan
     assert live and all(len(k[2]) == 1 for k in live)  # only ``y`` comes out
     assert n_cells == 5
 

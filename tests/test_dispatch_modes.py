@@ -42,3 +42,21 @@ def test_flop_counter_mode_counts_tpu_ops() -> None:
         out = F.pad(a.to(TPU)[None], (3, 1), mode="reflect")[0, :, :16] @ b.to(TPU)
     assert counter.get_total_flops() == 2 * 8 * 16 * 4
     torch.testing.assert_close(out.cpu(), F.pad(a[None], (3, 1), mode="reflect")[0, :, :16] @ b)
+
+
+@pytest.mark.parametrize(
+    "structure",
+    [[[1, 2, 3]], [1, [2, 3], 4], [1, None, 2], [[], 1], ([1, 2], 3), [{"a": 1}, 2]],
+    ids=["foreach", "mixed", "optional", "empty_list", "tuple", "dict"],
+)
+def test_unflattener_is_tree_unflatten(structure) -> None:
+    """eager/oplower.py's ``unflattener`` rebuilds an op's returns (foreach lists, optional
+    results) without walking the pytree spec per call: exactly what tree_unflatten gives."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    from torchtpu.eager.oplower import unflattener
+
+    leaves, tree = tree_flatten(structure)
+    flat = [object() for _ in leaves]
+    rebuilt, expected = unflattener(tree)(flat), tree_unflatten(flat, tree)
+    assert rebuilt == expected and type(rebuilt) is type(expected)

@@ -54,7 +54,7 @@ from ..runner.precision import current as current_precision
 from ..runner.program import ProgramBuilder, StorageProgram, device_scalar, execute, write_back
 from ..runtime import pjrt
 from ..stablehlo.builder import Value
-from ..tensor.storage import Cell, cell_of, new_tensor
+from ..tensor.storage import Cell, cell_of, graph_key, new_tensor
 from .dynamic import mark_rows
 
 aten = torch.ops.aten
@@ -151,9 +151,35 @@ def _slot(call: _Call, t: torch.Tensor) -> int:
 
 def _collect(args: list[Any], name: str) -> _Call:
     call = _Call(args)
-    key = call.key
+    # every argument a plain tpu tensor, an int or None: _collect_args's loop, in C++
+    if graph_key is None or not graph_key(args, call.key, call.cells, call.slot_of):
+        call = _Call(args)  # from the start: the C++ loop stops part way
+        _collect_args(call, name)
+    # Cell.initialized (inlined: once per storage per call), which runs no pending work
+    call.key.append(tuple([(c.shape, c.dtype, c._buf is not None or c.lazy is not None) for c in call.cells]))
+    call.key.append(current_precision())  # dot/conv precision_config is baked into the program
+    return call
+
+
+def _collect_args(call: _Call, name: str) -> None:
+    """The key entries, storage slots and scalar operands of the call's arguments."""
+    key, cells, slot_of, args = call.key, call.cells, call.slot_of, call.args
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
+            # the common case, a tpu tensor without a lazy conjugate or negative bit, without
+            # the device check: only a tpu storage has a cell (once per argument per call)
+            try:
+                cell = a.untyped_storage()._cell
+            except AttributeError:
+                cell = None
+            dtype = a.dtype
+            if cell is not None and not a.is_neg() and not (dtype.is_complex and a.is_conj()):
+                slot = slot_of.get(id(cell))
+                if slot is None:
+                    slot = slot_of[id(cell)] = len(cells)
+                    cells.append(cell)
+                key.append((slot, dtype, tuple(a.shape), a.stride(), a.storage_offset()))
+                continue
             if a.device.type != "tpu":
                 if a.device.type != "cpu":
                     raise TpuError(
@@ -177,9 +203,6 @@ def _collect(args: list[Any], name: str) -> _Call:
             key.append(("obj", type(a).__qualname__))
         else:
             raise TpuError(f"torchtpu: compiled graph {name} got an argument of type {type(a).__name__} (argument {i})")
-    key.append(tuple((c.shape, c.dtype, c.initialized) for c in call.cells))  # initialized: without running pending work
-    key.append(current_precision())  # dot/conv precision_config is baked into the program
-    return call
 
 
 def _storages(pb: ProgramBuilder, call: _Call) -> list[Value]:

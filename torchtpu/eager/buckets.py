@@ -219,11 +219,16 @@ def _valid_twin(t: Any) -> _Twin | None:
     """The twin of ``t``'s storage, or None: no twin, or the storage was written since (its
     buffer replaced, or a pending DeferAndFuse write), or ``t`` reads it as another dtype
     (a uint8 storage viewed as bool means other elements than the twin holds)."""
-    if not isinstance(t, torch.Tensor) or t.device.type != "tpu" or t.is_conj() or t.is_neg():
+    if not isinstance(t, torch.Tensor):
         return None
-    cell = t.untyped_storage()._cell
+    try:  # the twins' lookup first: asked of every tensor argument while any twin lives
+        cell = t.untyped_storage()._cell
+    except AttributeError:  # not a tpu tensor
+        return None
     entry = _TWINS.get(id(cell))
     if entry is None or cell.lazy is not None or cell._buf is not entry[1].buf or t.dtype != cell.dtype:
+        return None
+    if t.is_conj() or t.is_neg():
         return None
     return entry[1]
 

@@ -71,7 +71,7 @@ class _Spec(NamedTuple):
     """What recording an op needs to know without lowering it again."""
 
     outputs: list  # OutputSpec per new result; None for an absent one
-    out_tree: Any  # pytree spec of the new results; None: a flat list
+    rebuild: Callable[[list], Any] | None  # the new results (flat) as the op's plain returns; None: a flat list
     updates: list[int]  # call slots the op rewrites
     buffer_shapes: list  # per new result, its storage's buffer shape (strided.buffer_shape); None for an absent one
 
@@ -234,7 +234,7 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple, generator: to
     spec = _SPECS.get(key)
     if spec is None:
         spec = _SPECS[key] = _spec(plan, values, call, key)
-    specs, out_tree, updates, shapes = spec.outputs, spec.out_tree, spec.updates, spec.buffer_shapes
+    specs, rebuild, updates, shapes = spec.outputs, spec.rebuild, spec.updates, spec.buffer_shapes
     gslots = tuple(g.slot(c) for c in call.cells)
     lvalues = [
         None if k == KIND_TENSOR_LIST or (k == KIND_TENSOR and isinstance(v, torch.Tensor)) else v
@@ -263,7 +263,7 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple, generator: to
         cell.lazy = g
         g.written[gslots[slot]] = None
     _append_node(g, node, key)
-    result = plan.returns(values, new if out_tree is None else torch.utils._pytree.tree_unflatten(new, out_tree))
+    result = plan.returns(values, new if rebuild is None else rebuild(new))
     if len(g.nodes) >= MAX_NODES:
         _flush_graph(g, "size")
     return result
@@ -368,7 +368,7 @@ def _spec(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> _Spec:
     if pb.ctx.checks:
         _CHECKED.add(key)
     shapes = [None if s is None else buffer_shape(s[0], s[1], s[3]) for s in low.specs]
-    return _Spec(low.specs, None if low.simple else low.out_tree, list(low.updates), shapes)
+    return _Spec(low.specs, low.rebuild(), list(low.updates), shapes)
 
 
 def _hook_backward(g: Graph) -> None:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten
 
 from .. import _spans, config, metrics, op_report
 from ..errors import TpuError, TpuRuntimeError
@@ -30,7 +31,7 @@ from ..runner.precision import current as current_precision
 from ..runner.program import OutputSpec, ProgramBuilder, StorageProgram, device_scalar, execute, take_pending, write_back
 from ..runtime import pjrt
 from ..tensor import storage
-from ..tensor.storage import Cell, cell_of, new_tensor
+from ..tensor.storage import Cell, cell_of, eager_keys, new_tensor
 from . import buckets, growth, modes, rng, scalar_range, validate
 from .oplower import RUNTIME_OFFSET, lifted, lower_single
 from .plan import (
@@ -46,12 +47,12 @@ from .plan import (
 class Program:
     """An op's storage program and how to wrap its new results as tensors."""
 
-    __slots__ = ("storage", "outputs", "out_tree")
+    __slots__ = ("storage", "outputs", "rebuild")
 
-    def __init__(self, storage: StorageProgram, outputs: list[OutputSpec | None], out_tree: Any):
+    def __init__(self, storage: StorageProgram, outputs: list[OutputSpec | None], rebuild: Callable[[list], Any] | None):
         self.storage = storage
         self.outputs = outputs  # per new output; None for an absent one
-        self.out_tree = out_tree  # pytree spec of the op's new (non-mutated) outputs, None: a flat list
+        self.rebuild = rebuild  # the op's new (non-mutated) outputs, flat, as its plain returns; None: a flat list
 
 
 _CACHE = BoundedCache("eager op programs")
@@ -66,6 +67,9 @@ def clear_cache() -> None:
 
 
 def _freeze(v: Any) -> Any:
+    tp = type(v)
+    if tp is int or tp is bool:  # the common case first (isinstance of torch.Generator is a Python check)
+        return (tp, v)
     if isinstance(v, list):
         return tuple(_freeze(x) for x in v)
     if isinstance(v, torch.Tensor):
@@ -108,6 +112,23 @@ class _Call:
         self.scalar_types: list[type | str] = []
 
     def tensor(self, t: torch.Tensor) -> tuple:
+        if eager_keys is not None and self.padded is None:
+            return self.tensors_of([t])[0]
+        return self._tensor(t)
+
+    def tensors_of(self, ts: list[torch.Tensor | None]) -> tuple:
+        """The key entries of ``ts`` (None stays None): ``_tensor``'s, in C++ where built."""
+        if eager_keys is not None and self.padded is None:
+            offsets: list[int] = []
+            entries = eager_keys(ts, self.cells, self.slot_of, self.tensors, RUNTIME_OFFSET, offsets)
+            if entries is not None:
+                for offset in offsets:
+                    self.scalars.append(device_scalar(offset, int))
+                    self.scalar_types.append(RUNTIME_OFFSET)
+                return entries
+        return tuple(None if t is None else self._tensor(t) for t in ts)
+
+    def _tensor(self, t: torch.Tensor) -> tuple:
         try:
             cell = t.untyped_storage()._cell  # cell_of, inlined: once per tensor argument
         except AttributeError:
@@ -152,7 +173,7 @@ def key_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, 
 def _collect(plan: OpPlan, values: list[Any], padded: buckets.Padded | None = None) -> _Call:
     call = _Call(padded)
     key = call.key
-    key.append(plan.op)
+    key.append(plan)  # the op, hashed by identity (OpOverload.__hash__ is Python)
     lift = plan.lift_scalars
     for i, (kind, v) in enumerate(zip(plan.kinds, values)):
         if kind == KIND_TENSOR:
@@ -167,7 +188,7 @@ def _collect(plan: OpPlan, values: list[Any], padded: buckets.Padded | None = No
         elif kind == KIND_TENSOR_LIST:
             if any(t is not None and t.device.type != "tpu" for t in v):
                 v = values[i] = [t if t is None or t.device.type == "tpu" else _to_device_scalar_tensor(t) for t in v]
-            key.append(tuple(None if t is None else call.tensor(t) for t in v))
+            key.append(call.tensors_of(v))
         elif kind == KIND_SCALAR:
             key.append(call.scalar(v, lift))
         elif kind == KIND_SCALAR_LIST and lift and v:
@@ -253,7 +274,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     outs = execute(prog.storage, inputs, plan.name)
     if mode == modes.BLOCKING:
         _wait_for_call(plan, outs)
-    return wrap_outputs(plan, values, prog.outputs, prog.out_tree, write_back(prog.storage, call.cells, outs), padded)
+    return wrap_outputs(plan, values, prog.outputs, prog.rebuild, write_back(prog.storage, call.cells, outs), padded)
 
 
 _CAT = torch.ops.aten.cat.default
@@ -279,19 +300,20 @@ def _cpu_fallback_or_raise(op: torch._ops.OpOverload, args: tuple, kwargs: dict)
     return run_on_cpu(op, args, kwargs)
 
 
-def wrap_outputs(plan: OpPlan, values: list[Any], specs: list, out_tree: Any, bufs: Any, padded: buckets.Padded | None = None) -> Any:
-    """The op's return value: new tensors over ``bufs`` (one per non-None spec). ``padded``:
-    ``specs`` are the bucket's; the results take the true length and bucketed storages."""
+def wrap_outputs(
+    plan: OpPlan, values: list[Any], specs: list, rebuild: Callable[[list], Any] | None, bufs: Any, padded: buckets.Padded | None = None
+) -> Any:
+    """The op's return value: new tensors over ``bufs`` (one per non-None spec), rebuilt
+    into its returns by ``rebuild`` (None: a flat list). ``padded``: ``specs`` are the
+    bucket's; the results take the true length and bucketed storages."""
     if padded is not None:
         new = padded.new_results(specs, bufs)
-    elif out_tree is None and None not in specs:
+    elif rebuild is None and None not in specs:
         new = [new_tensor(Cell(numel, dtype, buf), sizes, strides, 0, dtype) for (sizes, strides, dtype, numel), buf in zip(specs, bufs)]
     else:
         it = iter(bufs)
         new = [None if spec is None else new_tensor(Cell(spec[3], spec[2], next(it)), spec[0], spec[1], 0, spec[2]) for spec in specs]
-    if out_tree is None:
-        return plan.returns(values, new)
-    return plan.returns(values, tree_unflatten(new, out_tree))
+    return plan.returns(values, new if rebuild is None else rebuild(new))
 
 
 def _wait_for_call(plan: OpPlan, outs: list[Any]) -> None:
@@ -337,7 +359,7 @@ def _build(plan: OpPlan, values: list[Any], call: _Call, donate: tuple[int, ...]
     updates = [(slot, v, call.cells[slot].shape) for slot, v in low.updates.items()]
     what = f"{plan.name} {[tuple(t.shape) for t in call.tensors]}"
     donate = [s for s in donate if s in low.updates and pb.has_param(s)]
-    return Program(pb.finish(low.outputs, updates, what, donate), low.specs, None if low.simple else low.out_tree)
+    return Program(pb.finish(low.outputs, updates, what, donate), low.specs, low.rebuild())
 
 
 def _donatable(plan: OpPlan, values: list[Any], call: _Call) -> tuple[int, ...]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from ..lowering.context import ProgramContext, ScalarValue, conform, lower_call
 from ..lowering.strided import apply_math_bits, flatten_for_strides, read_view, write_view
@@ -64,6 +64,34 @@ class Lowered:
         self.out_tree: Any = None
         self.simple = True  # a flat list of plain tensors (no pytree rebuild needed)
         self.updates: dict[int, Value] = {}  # call slot -> new flat storage value, in order
+
+    def rebuild(self) -> Callable[[list[Any]], Any] | None:
+        """How the op's new result tensors (flat) become its plain returns: None for a flat
+        list, else ``unflattener(out_tree)``."""
+        return None if self.simple else unflattener(self.out_tree)
+
+
+def unflattener(tree: TreeSpec) -> Callable[[list[Any]], Any]:
+    """``tree_unflatten(·, tree)`` for every call of an op, prepared once: the returns of
+    foreach ops (lists of tensors) and of ops with optional results are rebuilt by
+    slicing, where walking the spec cost a function call per tensor."""
+    children = tree.children()
+    if tree.type is not list or not all(c.is_leaf() or (c.type is list and all(g.is_leaf() for g in c.children())) for c in children):
+        return lambda flat: tree_unflatten(flat, tree)
+    sizes = [None if c.is_leaf() else c.num_children for c in children]
+
+    def rebuild(flat: list[Any]) -> list[Any]:
+        out, i = [], 0
+        for n in sizes:
+            if n is None:
+                out.append(flat[i])
+                i += 1
+            else:
+                out.append(flat[i : i + n])
+                i += n
+        return out
+
+    return rebuild
 
 
 class Dynamic(NamedTuple):

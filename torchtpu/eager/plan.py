@@ -8,7 +8,6 @@ is what gets lowered, and its extra results are written back into the mutated te
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -218,6 +217,11 @@ def _meta(v: Any) -> Any:
     return v
 
 
-@functools.cache
 def plan_for(op: torch._ops.OpOverload) -> OpPlan:
-    return OpPlan(op)
+    """The op's plan, made once and kept on the op: a dictionary keyed by the op would hash
+    it through ``OpOverload.__hash__``, a Python method, on every call."""
+    try:
+        return op._torchtpu_plan
+    except AttributeError:
+        plan = op._torchtpu_plan = OpPlan(op)
+        return plan

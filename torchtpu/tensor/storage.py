@@ -22,17 +22,25 @@ _create_impl = torch._C._acc.create_empty_tensor
 _make_storage = torch._C._construct_storage_from_data_pointer
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset.redispatch
 
+try:  # the C++ fast paths (torchtpu/csrc/fast.cpp), where they were built (setup.py)
+    from . import _fast  # type: ignore[attr-defined]
+except ImportError:
+    _fast = None
+
 # Storages need unique, non-null data pointers (torch.save and overlap checks read them);
 # they are opaque handles, spaced so that no two storages' byte ranges overlap.
 _ptr_lock = threading.Lock()
 _next_ptr = [1 << 32]
 
 
-def _fake_pointer(nbytes: int) -> int:
+def _py_fake_pointer(nbytes: int) -> int:
     with _ptr_lock:
         ptr = _next_ptr[0]
         _next_ptr[0] = ptr + (((nbytes + 4095) >> 12) + 1 << 12)
     return ptr
+
+
+_fake_pointer = _py_fake_pointer if _fast is None else _fast.fake_pointer  # one counter: C++'s where built
 
 
 class Cell:
@@ -51,16 +59,18 @@ class Cell:
     __slots__ = ("_buf", "numel", "dtype", "shape", "nbytes", "lazy", "gslot", "counted", "__weakref__")
 
     def __init__(self, numel: int, dtype: torch.dtype, buf: Any = None, shape: Sequence[int] | None = None):
-        self.numel = int(numel)
+        self.numel = numel = int(numel)
         self.dtype = dtype
-        self.shape = (self.numel,) if shape is None else tuple(shape)  # every new buffer keeps it
-        self.nbytes = self.numel * dtype.itemsize
-        self._buf = None
+        self.shape = (numel,) if shape is None else tuple(shape)  # every new buffer keeps it
+        self.nbytes = nbytes = numel * dtype.itemsize
+        self._buf = buf
         self.lazy: Any = None  # the pending graph that will produce this cell's value
         self.gslot: Any = None  # (graph epoch, slot) while a pending graph refers to it
-        self.counted = False  # counted in torch.tpu.memory_allocated (holds or will hold a buffer)
+        # counted in torch.tpu.memory_allocated (holds or will hold a buffer); ``_count``,
+        # inlined: a cell is made for every op's result
+        self.counted = buf is not None
         if buf is not None:
-            self.set(buf)
+            memory.allocated(nbytes)
 
     @property
     def buf(self) -> Any:
@@ -101,19 +111,31 @@ class Cell:
             memory.freed(self.nbytes)
 
 
-def new_tensor(
+def _py_new_tensor(
     cell: Cell,
     sizes: Sequence[int],
     strides: Sequence[int],
     offset: int,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """A tpu tensor viewing ``cell`` with the given geometry."""
+    """A tpu tensor viewing ``cell`` with the given geometry (``_fast.new_tensor`` does the
+    same in one call: the factory, the storage and the redispatched ``set_`` here are most
+    of the cost of an op's result)."""
     t = _create_impl([0], dtype)
     storage = _make_storage(_fake_pointer(cell.nbytes), DEVICE, cell.nbytes)
     _set_storage(_CPU_KEYSET, t, storage, offset, list(sizes), list(strides))
     storage._cell = cell
     return t
+
+
+new_tensor = _py_new_tensor if _fast is None else _fast.new_tensor
+# graph_key(args, key, cells, slot_of): the key entries of a compiled graph's arguments when
+# all are plain tpu tensors, ints or None (compile/fx_lowering.py ``_collect``, whose loop
+# does the same in Python); None where the fast paths were not built
+graph_key = None if _fast is None else _fast.graph_key
+# eager_keys(tensors, cells, slot_of, seen, runtime_offset, offsets): an eager op's key
+# entries of its tensor arguments (eager/dispatch.py ``_Call._tensor``, in C++), or None
+eager_keys = None if _fast is None else _fast.eager_keys
 
 
 def attach(t: torch.Tensor, cell: Cell, sizes: Sequence[int], strides: Sequence[int], offset: int = 0) -> None:

@@ -1,0 +1,186 @@
+"""The C++ fast paths (torchtpu/csrc/fast.cpp) against their Python twins.
+
+``new_tensor`` makes every op's results and ``graph_key`` keys every compiled-graph call;
+the Python versions stay as the fallback where the extension was not built, so each
+native result must be exactly what the Python path gives.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+
+import pytest
+import torch
+from utils import TPU
+
+from torchtpu.compile import fx_lowering
+from torchtpu.tensor import storage
+from torchtpu.tensor.storage import Cell, cell_of
+
+pytestmark = pytest.mark.skipif(storage._fast is None, reason="torchtpu was installed without its C++ fast paths")
+
+
+def test_the_fast_paths_are_built_where_a_compiler_is() -> None:
+    """setup.py builds them with the Makefile's install: a silent fallback would turn
+    every test here into a skip."""
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler on this machine")
+    assert storage.new_tensor is storage._fast.new_tensor
+    assert fx_lowering.graph_key is storage._fast.graph_key
+
+
+def _geometry(t: torch.Tensor) -> tuple:
+    return (
+        t.dtype,
+        tuple(t.shape),
+        t.stride(),
+        t.storage_offset(),
+        t.untyped_storage().nbytes(),
+        t.is_contiguous(),
+        t.requires_grad,
+        str(torch._C._dispatch_keys(t)),
+        t.device,
+    )
+
+
+@pytest.mark.parametrize(
+    "geometry",
+    [((3, 4), (4, 1), 0), ((2, 3), (1, 2), 0), ((2, 2), (4, 1), 5), ((), (), 3), ((0, 5), (5, 1), 0)],
+    ids=["contiguous", "transposed", "offset", "scalar", "empty"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
+def test_new_tensor_is_the_python_paths_tensor(geometry: tuple, dtype: torch.dtype) -> None:
+    sizes, strides, offset = geometry
+    cell = Cell(16, dtype)
+    native = storage._fast.new_tensor(cell, sizes, strides, offset, dtype)
+    python = storage._py_new_tensor(cell, sizes, strides, offset, dtype)
+    assert _geometry(native) == _geometry(python)
+    assert cell_of(native) is cell and cell_of(python) is cell
+    # storages of their own: distinct, non-overlapping data pointers from one counter
+    a, b = sorted([native.untyped_storage().data_ptr(), python.untyped_storage().data_ptr()])
+    assert a + cell.nbytes <= b
+
+
+def test_native_results_behave_like_tensors() -> None:
+    """Values, views, autograd, in-place writes and torch.save through tensors the native
+    path made (every op's result is one)."""
+    cpu = torch.randn(4, 6)
+    x = cpu.to(TPU)
+    y = (x * 2)[1:, ::2]
+    assert storage.new_tensor is storage._fast.new_tensor
+    torch.testing.assert_close(y.cpu(), (cpu * 2)[1:, ::2], rtol=0, atol=0)
+    w = x.clone().requires_grad_()
+    (w.sin() * w).sum().backward()
+    cw = cpu.clone().requires_grad_()
+    (cw.sin() * cw).sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), cw.grad)
+    z = x.clone()
+    z[1:3].mul_(0)
+    expected = cpu.clone()
+    expected[1:3] = 0
+    torch.testing.assert_close(z.cpu(), expected, rtol=0, atol=0)
+    buffer = io.BytesIO()
+    torch.save({"y": y, "x": x}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    torch.testing.assert_close(loaded["y"].cpu(), y.cpu(), rtol=0, atol=0)
+    del y, z, w
+    # the storages die with their tensors: memory_allocated counts the cells, as before
+    before = torch.tpu.memory_allocated()
+    t = x + 1
+    assert torch.tpu.memory_allocated() == before + t.untyped_storage().nbytes()
+    del t
+    assert torch.tpu.memory_allocated() == before
+
+
+def _python_key(args: list) -> fx_lowering._Call:
+    call = fx_lowering._Call(list(args))
+    fx_lowering._collect_args(call, "test")
+    return call
+
+
+def test_graph_key_is_the_python_loops_key() -> None:
+    base = torch.randn(6, 4, device=TPU)
+    other = torch.arange(5, device=TPU)
+    args = [base, base[2:], base.t(), 7, True, None, other, base[1:3, 1:], torch.ones((), device=TPU)]
+    call = fx_lowering._Call(list(args))
+    assert storage._fast.graph_key(call.args, call.key, call.cells, call.slot_of) is True
+    python = _python_key(args)
+    assert call.key == python.key
+    assert [id(c) for c in call.cells] == [id(c) for c in python.cells]
+    assert call.slot_of == python.slot_of
+    assert call.key[1][0] == call.key[0][0] == 0, "views of one storage share its slot"
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        lambda: 0.5,  # a float: a device scalar operand, made in Python
+        lambda: torch.randn(3),  # a CPU tensor: uploaded as a stand-in
+        lambda: torch.randn(3, dtype=torch.complex64, device=TPU).conj(),  # lazy conjugate bit
+        lambda: torch._neg_view(torch.randn(3, device=TPU)),  # lazy negative bit
+        lambda: "text",
+    ],
+    ids=["float", "cpu_tensor", "conj_view", "neg_view", "str"],
+)
+def test_graph_key_leaves_other_arguments_to_python(odd) -> None:
+    args = [torch.randn(2, device=TPU), odd(), 3]
+    call = fx_lowering._Call(list(args))
+    assert storage._fast.graph_key(call.args, call.key, call.cells, call.slot_of) is False
+
+
+def test_collect_falls_back_to_python_for_a_float_argument() -> None:
+    x = torch.randn(3, device=TPU)
+    call = fx_lowering._collect([x, 0.25, x[1:]], "test")
+    python = _python_key([x, 0.25, x[1:]])
+    assert call.key[:3] == python.key
+    assert len(call.scalars) == 1 and len(call.cells) == 1
+
+
+def test_a_tpu_storage_without_a_cell_is_explained() -> None:
+    """A tpu storage torchtpu did not make has no device buffer: the Python path's error."""
+    t = storage._create_impl([0], torch.float32)
+    bare = storage._make_storage(storage._fake_pointer(16), storage.DEVICE, 16)
+    storage._set_storage(storage._CPU_KEYSET, t, bare, 0, [4], [1])
+    call = fx_lowering._Call([t])
+    assert storage._fast.graph_key(call.args, call.key, call.cells, call.slot_of) is False
+    with pytest.raises(RuntimeError, match="has no device buffer"):
+        fx_lowering._collect([t], "test")
+
+
+def _eager_calls(ts: list) -> tuple:
+    from torchtpu.eager import dispatch
+
+    native = dispatch._Call()
+    entries = native.tensors_of(ts)
+    python = dispatch._Call()
+    expected = tuple(None if t is None else python._tensor(t) for t in ts)
+    return native, entries, python, expected
+
+
+def test_eager_keys_are_the_python_paths_keys() -> None:
+    """Views with offsets (a runtime operand each, in argument order), size-1 dimensions
+    (normalized strides), lazy conjugate and negative bits, None in a tensor list."""
+    base = torch.randn(6, 4, device=TPU)
+    z = torch.randn(3, 2, dtype=torch.complex64, device=TPU)
+    ts = [base, base[2:], base[:, 1:2], base[3:4].t(), None, z.conj(), torch._neg_view(base), base[5, 3], torch.arange(3, device=TPU)]
+    native, entries, python, expected = _eager_calls(ts)
+    assert entries == expected
+    assert native.tensors == python.tensors and [id(c) for c in native.cells] == [id(c) for c in python.cells]
+    assert native.slot_of == python.slot_of
+    assert native.scalar_types == python.scalar_types and len(native.scalars) == 4  # base[2:], [:, 1:2], [3:4], [5, 3]
+    assert [s is p for s, p in zip(native.scalars, python.scalars)] == [True] * 4, "the same device scalars, in order"
+
+
+def test_eager_keys_leave_a_storage_without_a_cell_to_python() -> None:
+    from torchtpu.eager import dispatch
+
+    t = storage._create_impl([0], torch.float32)
+    bare = storage._make_storage(storage._fake_pointer(16), storage.DEVICE, 16)
+    storage._set_storage(storage._CPU_KEYSET, t, bare, 0, [4], [1])
+    call = dispatch._Call()
+    assert storage._fast.eager_keys([t], call.cells, call.slot_of, call.tensors, "offset", []) is None
+    with pytest.raises(RuntimeError, match="has no device buffer"):
+        call.tensor(t)
+
