@@ -184,3 +184,55 @@ def test_eager_keys_leave_a_storage_without_a_cell_to_python() -> None:
     with pytest.raises(RuntimeError, match="has no device buffer"):
         call.tensor(t)
 
+
+
+def test_the_native_view_kernels_are_the_python_ones() -> None:
+    """The C++ view kernels replace exactly minimal.VIEW_OPS's Meta redispatches."""
+    from torchtpu.eager import minimal, register
+
+    assert register.native_view_ops() == set(minimal.VIEW_OPS)
+    for op in minimal.VIEW_OPS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1")
+
+
+def _views(x: torch.Tensor) -> list[torch.Tensor]:
+    y = x.clone()
+    y.t_()
+    z = x.clone().unsqueeze_(1).squeeze_(1).transpose_(0, 1).swapdims_(0, 1).swapaxes_(0, 1)
+    w = x.clone().as_strided_((2, 3), (1, 2), 1)
+    c = torch.view_as_complex(x.reshape(4, 3, 2)[:, :2].contiguous())
+    return [
+        x.view(3, 8),
+        x.view(torch.int32),
+        x.reshape(2, 12).t().reshape(24),
+        x.as_strided((3, 3), (2, 5), 4),
+        x.unfold(1, 3, 2),
+        torch.view_as_real(c),
+        c.real,
+        y,
+        z,
+        w,
+        x.view(-1)[5:].view(19),
+    ]
+
+
+def test_views_match_the_cpu() -> None:
+    cpu = torch.randn(4, 6)
+    for got, expected in zip(_views(cpu.to(TPU)), _views(cpu)):
+        assert (tuple(got.shape), got.stride(), got.storage_offset(), got.dtype) == (
+            tuple(expected.shape),
+            expected.stride(),
+            expected.storage_offset(),
+            expected.dtype,
+        )
+        torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+
+
+def test_view_errors_are_the_cpus() -> None:
+    x, cpu = torch.randn(4, 6, device=TPU), torch.randn(4, 6)
+    for bad in (lambda t: t.view(5, 5), lambda t: t.t().view(24), lambda t: t.unfold(1, 7, 1), lambda t: t.view(torch.int8).view(torch.int32)[:, 1:].view(torch.float64)):
+        with pytest.raises(RuntimeError) as on_cpu:
+            bad(cpu)
+        with pytest.raises(RuntimeError) as on_tpu:
+            bad(x)
+        assert str(on_tpu.value) == str(on_cpu.value)

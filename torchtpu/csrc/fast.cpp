@@ -30,6 +30,21 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/library.h>
+
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/_unsafe_view_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/squeeze_native.h>
+#include <ATen/ops/swapaxes_native.h>
+#include <ATen/ops/swapdims_native.h>
+#include <ATen/ops/t_native.h>
+#include <ATen/ops/transpose_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/unsqueeze_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
 
 #include <algorithm>
 #include <atomic>
@@ -299,6 +314,55 @@ PyObject* eager_keys(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return out;
 }
 
+// View ops only change metadata: the tpu kernels of the ops whose kernels are per backend
+// are the ones PyTorch's Meta key runs (torchtpu/eager/minimal.py ``VIEW_OPS`` does the
+// same from Python by redispatching to Meta, about 1.5 us per view). Registered once;
+// returns the ops' names, which torchtpu then leaves out of its Python registrations.
+PyObject* register_view_kernels(PyObject*, PyObject*) {
+  static torch::Library* lib = nullptr;
+  static const char* names[] = {
+      "view",       "view.dtype", "_unsafe_view", "_reshape_alias", "as_strided", "unfold",     "view_as_real",
+      "view_as_complex", "squeeze_", "squeeze_.dim", "squeeze_.dims", "unsqueeze_", "transpose_", "t_",
+      "swapdims_",  "swapaxes_",  "as_strided_"};
+  try {
+    if (!lib) {
+      auto* l = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+      l->impl("view", TORCH_FN(at::native::view));
+      l->impl("view.dtype", TORCH_FN(at::native::view_dtype));
+      l->impl("_unsafe_view", TORCH_FN(at::native::_unsafe_view));
+      l->impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+      l->impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl_meta_symint));
+      l->impl("unfold", TORCH_FN(at::native::unfold));
+      l->impl("view_as_real", TORCH_FN(at::native::view_as_real));
+      l->impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+      l->impl("squeeze_", static_cast<at::Tensor& (*)(at::Tensor&)>(at::native::squeeze_));
+      l->impl("squeeze_.dim", static_cast<at::Tensor& (*)(at::Tensor&, int64_t)>(at::native::squeeze_));
+      l->impl("squeeze_.dims", static_cast<at::Tensor& (*)(at::Tensor&, at::IntArrayRef)>(at::native::squeeze_));
+      l->impl("unsqueeze_", TORCH_FN(at::native::unsqueeze_));
+      l->impl("transpose_", TORCH_FN(at::native::transpose_));
+      l->impl("t_", TORCH_FN(at::native::t_));
+      l->impl("swapdims_", TORCH_FN(at::native::swapdims_));
+      l->impl("swapaxes_", TORCH_FN(at::native::swapaxes_));
+      l->impl("as_strided_", TORCH_FN(at::native::as_strided__symint));
+      lib = l;
+    }
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  PyObject* out = PyList_New(0);
+  for (const char* n : names) {
+    PyObject* name = out ? PyUnicode_FromString(n) : nullptr;
+    if (!name || PyList_Append(out, name)) {
+      Py_XDECREF(name);
+      Py_CLEAR(out);
+      break;
+    }
+    Py_DECREF(name);
+  }
+  return out;
+}
+
 PyMethodDef methods[] = {
     {"fake_pointer", fake_pointer, METH_O, "The next opaque data pointer for a storage of nbytes bytes."},
     {"new_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(new_tensor)), METH_FASTCALL,
@@ -309,6 +373,8 @@ PyMethodDef methods[] = {
     {"eager_keys", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(eager_keys)), METH_FASTCALL,
      "eager_keys(tensors, cells, slot_of, seen, runtime_offset, offsets): an eager op's key entries of tensors "
      "(a tuple), or None where one needs Python."},
+    {"register_view_kernels", register_view_kernels, METH_NOARGS,
+     "Register the tpu kernels of the per-backend view ops (once); their qualified overload names."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -66,12 +66,29 @@ def _sparse_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     raise sparse_not_supported(op.name() if hasattr(op, "name") else str(op))
 
 
+def native_view_ops() -> set[torch._ops.OpOverload]:
+    """The view ops whose tpu kernels the C++ fast paths register (torchtpu/csrc/fast.cpp:
+    the Meta key's kernels, which minimal.VIEW_OPS redispatch to from Python); none where
+    they were not built."""
+    from ..tensor.storage import _fast
+
+    if _fast is None:
+        return set()
+    ops = set()
+    for name in _fast.register_view_kernels():
+        packet, _, overload = name.partition(".")
+        ops.add(getattr(getattr(torch.ops.aten, packet), overload or "default"))
+    return ops
+
+
 def register_runtime_kernels() -> None:
     from .minimal import kernels
 
+    native = native_view_ops()
     lib = torch.library.Library("aten", "IMPL")
     for op, fn in kernels().items():
-        lib.impl(op, fn, "PrivateUse1")
+        if op not in native:
+            lib.impl(op, fn, "PrivateUse1")
     fb = torch.library.Library("_", "IMPL")
     fb.fallback(_fallback, "PrivateUse1")
     autocast = torch.library.Library("_", "IMPL")
