@@ -236,3 +236,20 @@ def test_view_errors_are_the_cpus() -> None:
         with pytest.raises(RuntimeError) as on_tpu:
             bad(x)
         assert str(on_tpu.value) == str(on_cpu.value)
+
+
+def test_eager_keys_change_nothing_for_a_list_with_a_cpu_tensor() -> None:
+    """A CPU tensor among an op's tensors is Python's (a 0-d one is moved, as CUDA does):
+    the C++ path must leave no trace of the tensors before it."""
+    from torchtpu.eager import dispatch
+
+    x = torch.randn(3, device=TPU)
+    call = dispatch._Call()
+    offsets: list[int] = []
+    assert storage._fast.eager_keys([x[1:], torch.tensor(2.0)], call.cells, call.slot_of, call.tensors, "offset", offsets) is None
+    assert (call.cells, call.slot_of, call.tensors, offsets) == ([], {}, [], [])
+    cpu = torch.randn(3)
+    torch.testing.assert_close(torch.where(x > 0, x, torch.tensor(-1.0)).cpu(), torch.where(x.cpu() > 0, x.cpu(), torch.tensor(-1.0)))
+    torch.testing.assert_close((x[1:] * torch.tensor(3.0)).cpu(), x.cpu()[1:] * 3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x + cpu

@@ -274,7 +274,7 @@ PyObject* graph_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 // eager_keys(tensors, cells, slot_of, seen, runtime_offset, offsets): the key entries of
 // an eager op's tensor arguments ``tensors`` (a list; None items stay None) as a tuple,
-// or None where one needs Python.
+// or None, having changed nothing, where one is not a tpu tensor.
 PyObject* eager_keys(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 6 || !PyList_Check(args[1]) || !PyDict_Check(args[2]) || !PyList_Check(args[3]) || !PyList_Check(args[5])) {
     PyErr_SetString(PyExc_TypeError, "eager_keys(tensors, cells: list, slot_of: dict, seen: list, runtime_offset, offsets: list)");
@@ -283,6 +283,15 @@ PyObject* eager_keys(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* items = PySequence_Fast(args[0], "eager_keys: tensors must be a sequence");
   if (!items) return nullptr;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+  // first every item's kind, before any state changes: a tensor on another device (a CPU
+  // scalar the op moves, or one it refuses) is Python's
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* a = PySequence_Fast_GET_ITEM(items, i);
+    if (a != Py_None && !(THPVariable_Check(a) && on_device(THPVariable_Unpack(a)))) {
+      Py_DECREF(items);
+      Py_RETURN_NONE;
+    }
+  }
   PyObject* out = PyTuple_New(n);
   try {
     for (Py_ssize_t i = 0; out && i < n; ++i) {

@@ -112,21 +112,27 @@ class _Call:
         self.scalar_types: list[type | str] = []
 
     def tensor(self, t: torch.Tensor) -> tuple:
-        if eager_keys is not None and self.padded is None:
-            return self.tensors_of([t])[0]
-        return self._tensor(t)
+        entries = self.device_tensors([t])
+        return self._tensor(t) if entries is None else entries[0]
 
     def tensors_of(self, ts: list[torch.Tensor | None]) -> tuple:
         """The key entries of ``ts`` (None stays None): ``_tensor``'s, in C++ where built."""
-        if eager_keys is not None and self.padded is None:
-            offsets: list[int] = []
-            entries = eager_keys(ts, self.cells, self.slot_of, self.tensors, RUNTIME_OFFSET, offsets)
-            if entries is not None:
-                for offset in offsets:
-                    self.scalars.append(device_scalar(offset, int))
-                    self.scalar_types.append(RUNTIME_OFFSET)
-                return entries
-        return tuple(None if t is None else self._tensor(t) for t in ts)
+        entries = self.device_tensors(ts)
+        return tuple(None if t is None else self._tensor(t) for t in ts) if entries is None else entries
+
+    def device_tensors(self, ts: list[torch.Tensor | None]) -> tuple | None:
+        """``tensors_of(ts)`` in C++, or None where it is not built, the call runs padded, or
+        one of ``ts`` is not a tpu tensor (then nothing is recorded) or has no device buffer
+        (which ``_tensor`` raises for)."""
+        if eager_keys is None or self.padded is not None:
+            return None
+        offsets: list[int] = []
+        entries = eager_keys(ts, self.cells, self.slot_of, self.tensors, RUNTIME_OFFSET, offsets)
+        if entries is not None:
+            for offset in offsets:
+                self.scalars.append(device_scalar(offset, int))
+                self.scalar_types.append(RUNTIME_OFFSET)
+        return entries
 
     def _tensor(self, t: torch.Tensor) -> tuple:
         try:
@@ -180,15 +186,21 @@ def _collect(plan: OpPlan, values: list[Any], padded: buckets.Padded | None = No
             if v is None:
                 key.append(None)
             elif isinstance(v, torch.Tensor):
-                if v.device.type != "tpu":  # a CPU 0-d tensor is moved (as CUDA does); others raise
-                    v = values[i] = _to_device_scalar_tensor(v)
-                key.append(call.tensor(v))
+                entries = call.device_tensors([v])
+                if entries is None:
+                    if v.device.type != "tpu":  # a CPU 0-d tensor is moved (as CUDA does); others raise
+                        v = values[i] = _to_device_scalar_tensor(v)
+                    entries = (call.tensor(v),)
+                key.append(entries[0])
             else:  # a Python number where the schema says Tensor (e.g. x.mul_(0.9))
                 key.append(call.scalar(v, lift))
         elif kind == KIND_TENSOR_LIST:
-            if any(t is not None and t.device.type != "tpu" for t in v):
-                v = values[i] = [t if t is None or t.device.type == "tpu" else _to_device_scalar_tensor(t) for t in v]
-            key.append(call.tensors_of(v))
+            entries = call.device_tensors(v)
+            if entries is None:  # CPU 0-d tensors are moved (as CUDA does); others raise
+                if any(t is not None and t.device.type != "tpu" for t in v):
+                    v = values[i] = [t if t is None or t.device.type == "tpu" else _to_device_scalar_tensor(t) for t in v]
+                entries = call.tensors_of(v)
+            key.append(entries)
         elif kind == KIND_SCALAR:
             key.append(call.scalar(v, lift))
         elif kind == KIND_SCALAR_LIST and lift and v:
