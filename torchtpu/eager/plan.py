@@ -82,6 +82,9 @@ def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | Non
 
 
 class OpPlan:
+    def __repr__(self) -> str:
+        return str(self.op)  # "aten.mm.default": what a program cache key shows for its op
+
     def __init__(self, op: torch._ops.OpOverload):
         schema = op._schema
         self.op = op
