@@ -136,6 +136,19 @@ def test_var_low_precision_and_unbiased():
     check(lambda x: (x.var(0, unbiased=False), x.std(1, unbiased=True)), torch.randn(4, 5, dtype=torch.float64, requires_grad=True))
 
 
+@pytest.mark.parametrize("offset,spread", [(1e5, 1.0), (3e4, 0.1), (1e3, 1e-3)])
+def test_var_of_values_far_from_zero_matches_cpu(offset, spread):
+    """The CPU accumulates float32 var/std in double. A plain two-pass in float32 adds the
+    square of the rounded mean's error (~offset * 2^-24 per element) to every squared
+    deviation: at mean/std ~ 1e5 the variance was off by ~1e-4 relative. The corrected
+    two-pass algorithm takes that term out; a constant slice has variance exactly 0."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 256) * spread + offset
+    check(lambda x: (x.var(-1), x.std(-1, correction=0), torch.var_mean(x, 0), x.var()), x, grad=False)
+    const = torch.full((5, 7), 0.1)
+    assert torch.equal(const.to("tpu").var(-1).cpu(), torch.zeros(5)) and torch.equal(const.var(-1), torch.zeros(5))
+
+
 def test_prod():
     x = torch.rand(3, 4) + 0.5
     check(lambda x: (x.prod(), x.prod(1), x.prod(0, keepdim=True)), x)

@@ -252,6 +252,16 @@ def _scaled_var(L: NodeLowering, x: Value, dims: Sequence[int], correction: Any,
     d = b.binary("subtract", x, L.broadcast_to(m, x.shape))
     ss = sum_keep(L, b.binary("multiply", d, d), dims)
     n = numel(x.shape, dims)
+    if n > 0 and is_float(x.dtype) and x.dtype is not torch.float64:
+        # The corrected two-pass algorithm (Chan, Golub & LeVeque): the rounded mean is off
+        # by some delta, which adds n * delta^2 to the sum of squares; sum(d) = -n * delta
+        # takes it out again. The CPU accumulates float32 in double: without this, a slice
+        # far from zero (mean/std ~ 1e5) lost ~4e-4 of its variance relative to the CPU's,
+        # and a constant slice had a tiny positive variance where the CPU has 0.
+        sd = sum_keep(L, d, dims)
+        inv_n = L.full(1.0 / n, sd.shape, sd.dtype)
+        ss = b.binary("subtract", ss, b.binary("multiply", b.binary("multiply", sd, sd), inv_n))
+        ss = b.binary("maximum", ss, L.zeros(ss.shape, ss.dtype))  # never below 0 from rounding (NaN stays NaN)
     denom = max(0.0, n - (1 if correction is None else float(correction)))
     v = b.binary("divide", ss, L.full(denom, ss.shape, ss.dtype))
     return v, m if scale is None else b.binary("multiply", m, scale)
