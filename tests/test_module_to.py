@@ -239,3 +239,23 @@ def test_to_tpu_preserves_channels_last_like_cuda() -> None:
     z = torch.randn(4, 6)[:, ::2]  # not dense: contiguous on the device, as on CUDA
     assert z.to("tpu").is_contiguous() and torch.equal(z.to("tpu").cpu(), z)
     torch.testing.assert_close(conv(t).cpu(), conv.cpu()(x))
+
+
+def test_lazy_modules_move_before_their_first_forward_like_cuda():
+    """``nn.LazyLinear(...).to("tpu")`` keeps the UninitializedParameter (same object and
+    class, now on tpu), so the first forward materializes it there; copying it used to read
+    ``.shape`` of the placeholder (which raises) and the swap left a plain Parameter of
+    shape [0] that the lazy hook no longer replaced."""
+    model = nn.Sequential(nn.LazyConv2d(4, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(2), nn.LazyBatchNorm1d())
+    weight = model[0].weight
+    model.to(TPU)
+    assert model[0].weight is weight and isinstance(weight, nn.UninitializedParameter) and weight.device.type == "tpu"
+    assert isinstance(model[4].running_mean, nn.UninitializedBuffer) and model[4].running_mean.device.type == "tpu"
+    x = torch.randn(5, 3, 6, 6)
+    out = model(x.to(TPU))
+    assert out.shape == (5, 2) and model[0].weight is weight and type(weight) is nn.Parameter
+    assert all(t.device.type == "tpu" for t in list(model.parameters()) + list(model.buffers()))
+    reference = copy.deepcopy(model).cpu()  # the tpu-initialized weights, run on the CPU
+    assert_close(out, reference(x))
+    back = nn.LazyLinear(3).to(TPU).cpu()
+    assert isinstance(back.weight, nn.UninitializedParameter) and back.weight.device.type == "cpu"

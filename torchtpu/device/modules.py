@@ -41,7 +41,7 @@ class _Precomputed:
     def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], params: list[torch.Tensor]) -> None:
         self.fn = fn
         with torch.no_grad():
-            self.done = {id(p): (p, fn(p)) for p in params}
+            self.done = {id(p): (p, _moved_lazy(p, fn(p))) for p in params}
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         hit = self.done.get(id(t))
@@ -51,6 +51,20 @@ class _Precomputed:
 
     def crosses_tpu(self) -> bool:
         return any(_crosses_tpu(old, new) for old, new in self.done.values())
+
+
+def _moved_lazy(p: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """``new`` (``fn(p)``), except for a LazyModule's UninitializedParameter moved across
+    tpu: that one stays the same object and class, now a placeholder on ``new``'s device
+    and dtype, as ``param.data = new`` keeps it on CUDA (``UninitializedParameter.to``
+    returns a plain tensor, and swapping that in would leave a Parameter of shape [0] that
+    ``materialize`` no longer replaces), and ``p`` itself is returned."""
+    if not nn.parameter.is_lazy(p) or not _crosses_tpu(p, new):
+        return new
+    placeholder = type(p)(requires_grad=p.requires_grad, device=new.device, dtype=new.dtype)
+    torch.utils.swap_tensors(p, placeholder)  # swaps the Python state too: give p its own back
+    p.__dict__, placeholder.__dict__ = placeholder.__dict__, p.__dict__
+    return p
 
 
 def _reattach_hooks(p: torch.Tensor) -> None:

@@ -286,6 +286,12 @@ def to_copy(
     from . import dispatch
 
     preserve = memory_format is None or memory_format is torch.preserve_format
+    if isinstance(x, torch.nn.parameter.UninitializedTensorMixin):
+        # A LazyModule's UninitializedParameter/Buffer raises on ``.shape`` (its
+        # ``.to("cuda")`` copies the empty placeholder): copy the plain tensor. (Only these:
+        # a plain alias of a Parameter would lose ``requires_grad``, which the upload reads.)
+        with torch._C.DisableTorchFunctionSubclass():
+            x = x.as_subclass(torch.Tensor)
     if device is not None and torch.device(device).type == "cpu":
         host = to_cpu(x)
         if dtype is not None and dtype != host.dtype:
