@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from utils import TPU, assert_close, check, check_refereed
+from utils import TPU, assert_close, assert_close_or_closer, check, check_refereed, to_tpu
 
 import torchtpu
 from torchtpu.eager import dispatch
@@ -309,3 +309,55 @@ def test_convolution_output_keeps_the_channels_last_layout(shape, fmt, conv, whi
     assert expected.is_contiguous(memory_format=fmt)
     assert got.stride() == expected.stride()
     assert_close(got.cpu(), expected, **CONV_TOL)
+
+
+def _samples(*shape, dtype=torch.float32):
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("2d", (2, 3, 9, 11), [3, 2], [4, 6]),
+        ("2d", (3, 9, 11), [2, 2], [5, 7]),  # unbatched
+        ("2d", (2, 3, 9, 11), [3, 2], [7, 10]),  # every start used
+        ("2d", (2, 3, 9, 11), [3, 2], [1, 1]),
+        ("3d", (2, 2, 7, 8, 9), [2, 3, 2], [4, 3, 5]),
+        ("3d", (2, 7, 8, 9), [2, 2, 2], [3, 4, 5]),
+    ],
+)
+def test_fractional_max_pool_matches_cpu(case, dtype):
+    """fractional_max_pool2d/3d had no tpu kernel. Given the random samples (the RNG streams
+    differ), the windows start where the CPU's generate_intervals puts them (arithmetic in the
+    samples' dtype), the first of equal maxima wins, and the gradient goes to each max."""
+    kind, shape, kernel, out = case
+    op = torch.ops.aten.fractional_max_pool2d if kind == "2d" else torch.ops.aten.fractional_max_pool3d
+    planes = shape[0] * shape[1] if len(shape) == len(kernel) + 2 else shape[0]
+    samples = _samples(1, planes, len(kernel), dtype=dtype).reshape(-1, shape[-len(kernel) - 1], len(kernel))
+    x = torch.randint(0, 4, shape).to(dtype).requires_grad_()  # ties in most windows
+    sixteen_bit = dtype == torch.bfloat16  # overlapping windows add gradients in bf16: refereed below
+    check(lambda a, s: op(a, kernel, out, s), x, samples, grad=not sixteen_bit)
+    check(lambda a, s: op(a, kernel, out, s), r(*shape, dtype=dtype), samples, grad=not sixteen_bit)
+    if sixteen_bit:
+        backward = torch.ops.aten.fractional_max_pool2d_backward if kind == "2d" else torch.ops.aten.fractional_max_pool3d_backward
+        values, indices = op(x.detach(), kernel, out, samples)
+        grad = torch.randn(values.shape).to(dtype)
+        expected = backward(grad, x.detach(), kernel, out, indices)
+        actual = backward(*to_tpu((grad, x.detach())), kernel, out, indices.to(TPU))
+        planes = x.numel() // x[(0,) * (x.dim() - len(kernel))].numel()
+        exact = torch.zeros(planes, x.numel() // planes, dtype=torch.float64)  # the gradient added up exactly
+        exact = exact.scatter_add(1, indices.reshape(planes, -1), grad.double().reshape(planes, -1)).reshape(x.shape)
+        assert_close_or_closer(actual, expected, exact)
+
+
+def test_fractional_max_pool_nan_and_inf_windows_match_cpu():
+    """The CPU keeps the last NaN of a window (``val > max || isnan(val)``) and, for a window
+    of -inf, its first position; F.fractional_max_pool2d with an output ratio."""
+    x = torch.randn(1, 2, 8, 8)
+    x[0, 0, 1, 1] = x[0, 0, 1, 2] = float("nan")
+    x[0, 1, :4, :4] = float("-inf")
+    x[0, 1, 5, 5] = float("inf")
+    check(lambda a, s: torch.ops.aten.fractional_max_pool2d(a, [3, 3], [3, 3], s), x.requires_grad_(), _samples(1, 2, 2))
+    samples = _samples(2, 3, 2)
+    check(lambda a, s: F.fractional_max_pool2d(a, 3, output_ratio=(0.5, 0.5), _random_samples=s, return_indices=True), r(2, 3, 16, 16), samples)

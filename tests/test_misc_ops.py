@@ -1,12 +1,14 @@
 """cummax/cummin, mode, histc, index_reduce, hash_tensor, cubic and anti-aliased
-upsampling, shrink and pdist backward, sgn's zero gradient: tpu vs CPU (ties, NaN,
-empty inputs, several dims).
+upsampling, shrink and pdist backward, sgn's zero gradient, fake quantization (QAT):
+tpu vs CPU (ties, NaN, empty inputs, several dims).
 
 The large dtype x shape grids are marked slow (``make test-all``); in ``make test`` these
 ops are still checked by the OpInfo subset (float32 forward and gradients) and by the
 unparametrized cases here."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -190,3 +192,191 @@ def test_sgn_backward_is_zero():
     torch.sgn(xt).sum().backward()
     assert xt.grad.device.type == "tpu"
     assert torch.equal(xt.grad.cpu(), torch.zeros(4, 5))
+
+
+# -- fake quantization (quantization-aware training) --------------------------------------------
+_FQ_EDGES = [float("inf"), float("-inf"), NAN, 1e30, -1e30, 0.25, 0.75, 1.25, 100.0, 1e10, 9.2e18, -3.3, 0.0, 63.75]
+
+
+def _fq_check(fn, *args):
+    """``fn`` on tpu vs the CPU: outputs (values and masks) and the gradient of every float
+    input that requires one."""
+    cpu_args = [a.clone().requires_grad_(a.requires_grad) for a in args]
+    tpu_args = to_tpu(args)
+    expected, actual = fn(*cpu_args), fn(*tpu_args)
+    assert_close(actual, expected)
+    out_e = expected[0] if isinstance(expected, tuple) else expected
+    out_a = actual[0] if isinstance(actual, tuple) else actual
+    if not out_e.requires_grad:
+        return
+    cot = torch.randn(out_e.shape, generator=torch.Generator().manual_seed(7)).to(out_e.dtype)
+    wanted = [i for i, a in enumerate(cpu_args) if a.requires_grad]
+    g_e = torch.autograd.grad(out_e, [cpu_args[i] for i in wanted], cot)
+    g_a = torch.autograd.grad(out_a, [tpu_args[i] for i in wanted], cot.to(out_a.device))
+    assert_close(g_a, g_e)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_fake_quantize_per_tensor_and_per_channel_match_cpu(dtype):
+    """The ops had no tpu kernel (NotImplementedError). Ties round half to even after
+    ``x * (1.0f / scale)``; NaN, infinities and huge values go where the CPU kernels put them
+    (per tensor: clamped, NaN to quant_min; per channel: through int64, so to quant_min)."""
+    aten = torch.ops.aten
+    torch.manual_seed(0)
+    edges = torch.tensor(_FQ_EDGES).to(dtype)
+    _fq_check(lambda x: aten.fake_quantize_per_tensor_affine_cachemask(x, 0.5, 3, 0, 255), edges)
+    rows = edges.reshape(2, 7)
+    scales, int_zp, float_zp = torch.tensor([0.5, 0.3]), torch.tensor([3, -1], dtype=torch.int32), torch.tensor([3.5, -1.25])
+    for zp in (int_zp, float_zp):
+        _fq_check(lambda x, zp=zp: aten.fake_quantize_per_channel_affine_cachemask(x, scales.to(x.device), zp.to(x.device), 0, -128, 127), rows)
+    x = (torch.randn(4, 3, 5, 5) * 3).to(dtype).requires_grad_()
+    for scale in (0.1, 1 / 3, 0.07):
+        _fq_check(lambda a, scale=scale: torch.fake_quantize_per_tensor_affine(a, scale, 5, -128, 127), x)
+        s = torch.tensor([scale, scale * 2, scale / 3])
+        zp = torch.tensor([0, 3, -7], dtype=torch.int32)
+        _fq_check(lambda a, s=s, zp=zp: torch.fake_quantize_per_channel_affine(a, s.to(a.device), zp.to(a.device), 1, -128, 127), x)
+
+
+def test_fake_quantize_tensor_qparams_and_fake_quant_module_match_cpu():
+    """What ``torch.ao.quantization.FakeQuantize`` runs: the zero point read as an int32 (a
+    float one truncated), pass-through with an all-True mask when fake quantization is off;
+    the observer's running min/max and the qparams after several steps."""
+    from torch.ao.quantization import FakeQuantize
+    from torch.ao.quantization.observer import MovingAveragePerChannelMinMaxObserver
+
+    aten = torch.ops.aten
+    x = torch.tensor(_FQ_EDGES)
+    for zp, on in ((torch.tensor([-2], dtype=torch.int32), 1), (torch.tensor([1.5]), 1), (torch.tensor([-2], dtype=torch.int32), 0)):
+        enabled = torch.tensor([on])
+        _fq_check(
+            lambda a, zp=zp, enabled=enabled: aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams(
+                a, torch.tensor([0.3]).to(a.device), zp.to(a.device), enabled.to(a.device), -128, 127
+            ),
+            x,
+        )
+    torch.manual_seed(0)
+    per_tensor = FakeQuantize()
+    per_channel = FakeQuantize(
+        observer=MovingAveragePerChannelMinMaxObserver, quant_min=-128, quant_max=127, dtype=torch.qint8, qscheme=torch.per_channel_symmetric, ch_axis=0
+    )
+    for module in (per_tensor, per_channel):
+        tpu_module = copy.deepcopy(module).to("tpu")
+        x = (torch.randn(4, 6) * 3).requires_grad_()
+        xt = x.detach().to("tpu").requires_grad_()
+        outs = [module(x * (i + 1)) for i in range(3)]
+        outs_t = [tpu_module(xt * (i + 1)) for i in range(3)]
+        assert_close(outs_t, outs)
+        assert_close(dict(tpu_module.state_dict()), dict(module.state_dict()))
+        sum(o.sum() for o in outs).backward()
+        sum(o.sum() for o in outs_t).backward()
+        assert_close(xt.grad, x.grad)
+
+
+@pytest.mark.parametrize("zero_point", [2.5, 3.5, -0.5, 1.7, 300.0])
+@pytest.mark.parametrize("grad_factor", [1.0, 0.25])
+def test_learnable_fake_quantize_forward_and_gradients_match_cpu(zero_point, grad_factor):
+    """LSQ (``_LearnableFakeQuantize``): the forward rounds the zero point half to even, the
+    per-tensor backward adds 0.5 and truncates; the gradients of x (straight through), scale
+    and zero point as the CPU kernels compute them."""
+    torch.manual_seed(0)
+    x = (torch.randn(4, 3, 5) * 3).requires_grad_()
+    scale = torch.tensor([0.07], requires_grad=True)
+    zp = torch.tensor([zero_point], requires_grad=True)
+    _fq_check(lambda a, s, z: torch._fake_quantize_learnable_per_tensor_affine(a, s, z, 0, 255, grad_factor), x, scale, zp)
+    scales = torch.tensor([0.07, 0.1, 0.033], requires_grad=True)
+    zps = torch.tensor([zero_point, zero_point - 1, 0.5], requires_grad=True)
+    _fq_check(lambda a, s, z: torch._fake_quantize_learnable_per_channel_affine(a, s, z, 1, -128, 127, grad_factor), x, scales, zps)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.ops.aten.fake_quantize_per_tensor_affine_cachemask(torch.randn(3, device=d), 0.1, 0, 10, 5),
+        lambda d: torch.ops.aten.fake_quantize_per_tensor_affine_cachemask(torch.randn(3, device=d), 0.1, 300, 0, 255),
+        lambda d: torch.ops.aten.fake_quantize_per_channel_affine_cachemask(
+            torch.randn(4, 3, device=d), torch.tensor([0.1, 0.2, 0.3], device=d), torch.zeros(3, dtype=torch.int32, device=d), -1, 0, 255
+        ),
+        lambda d: torch.ops.aten.fake_quantize_per_channel_affine_cachemask(
+            torch.randn(4, 3, device=d), torch.tensor([0.1, 0.2, 0.3], device=d), torch.zeros(3, dtype=torch.int64, device=d), 1, 0, 255
+        ),
+        lambda d: torch.ops.aten.fake_quantize_per_channel_affine_cachemask(
+            torch.randn(4, 3, device=d), torch.tensor([[0.1, 0.2, 0.3]], device=d), torch.zeros(3, dtype=torch.int32, device=d), 1, 0, 255
+        ),
+        lambda d: torch.ops.aten._fake_quantize_learnable_per_tensor_affine(
+            torch.randn(3, device=d), torch.tensor(0.1, device=d), torch.tensor(0.0, device=d), 0, 255, 1.0
+        ),
+    ],
+    ids=["quant_min>quant_max", "zero_point_out_of_range", "negative_axis", "int64_zero_point", "2d_scale", "0d_scale"],
+)
+def test_fake_quantize_refuses_what_the_cpu_refuses(call):
+    with pytest.raises(Exception) as cpu_error:
+        call("cpu")
+    with pytest.raises(type(cpu_error.value)):
+        call("tpu")
+
+
+def _fused_fake_quant_steps(module, x):
+    outs = [module(x), module(x * 2 + 1)]
+    module.disable_observer()
+    outs.append(module(x * 5))
+    module.enable_observer()
+    module.disable_fake_quant()
+    outs.append(module(x - 3))
+    module.enable_fake_quant()
+    outs.append(module(x.abs()))
+    return outs
+
+
+@pytest.mark.parametrize("qscheme", ["per_tensor_affine", "per_tensor_symmetric", "per_channel_symmetric", "per_channel_affine"])
+def test_fused_moving_avg_obs_fake_quant_matches_cpu(qscheme):
+    """The default QAT qconfig's FusedMovingAvgObsFakeQuantize (``_fused_moving_avg_obs_fq_helper``,
+    which had no tpu kernel): observer on/off, fake quantization on/off, the running min/max,
+    scale and zero point (per channel: buffers empty until the first call) and the
+    straight-through gradient."""
+    from torch.ao.quantization import FusedMovingAvgObsFakeQuantize
+    from torch.ao.quantization.observer import MovingAveragePerChannelMinMaxObserver
+
+    per_channel = qscheme.startswith("per_channel")
+    signed = qscheme.endswith("symmetric")
+    module = FusedMovingAvgObsFakeQuantize(
+        **({"observer": MovingAveragePerChannelMinMaxObserver, "ch_axis": 0} if per_channel else {}),
+        quant_min=-128 if signed else 0,
+        quant_max=127 if signed else 255,
+        dtype=torch.qint8 if signed else torch.quint8,
+        qscheme=getattr(torch, qscheme),
+    )
+    tpu_module = copy.deepcopy(module).to("tpu")
+    torch.manual_seed(0)
+    x = (torch.randn(4, 6, 3) * 3).requires_grad_()
+    xt = x.detach().to("tpu").requires_grad_()
+    outs, outs_t = _fused_fake_quant_steps(module, x), _fused_fake_quant_steps(tpu_module, xt)
+    assert_close(outs_t, outs)
+    assert_close(dict(tpu_module.state_dict()), dict(module.state_dict()))
+    cot = [torch.randn(o.shape) for o in outs]
+    torch.autograd.backward(outs, cot)
+    torch.autograd.backward(outs_t, [c.to("tpu") for c in cot])
+    assert_close(xt.grad, x.grad)
+
+
+def test_qat_model_trains_like_cpu():
+    """prepare_qat with the default x86 qconfig (fused observers + fake quantization of the
+    activations per tensor and of the weights per channel), four SGD steps."""
+
+    def train(device):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 5)).train()
+        model.qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")
+        torch.ao.quantization.prepare_qat(model, inplace=True)
+        model.to(device)
+        x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(1)).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        losses = []
+        for i in range(4):
+            opt.zero_grad()
+            loss = model(x * (1 + i * 0.1)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return losses, dict(model.state_dict())
+
+    assert_close(train("tpu"), train("cpu"))

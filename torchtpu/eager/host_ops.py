@@ -161,8 +161,70 @@ _HOST_OPS = (
 )
 
 
+def fused_moving_avg_obs_fq_helper(
+    x: torch.Tensor,
+    observer_on: torch.Tensor,
+    fake_quant_on: torch.Tensor,
+    running_min: torch.Tensor,
+    running_max: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor,
+    averaging_const: float,
+    quant_min: int,
+    quant_max: int,
+    ch_axis: int,
+    per_row_fake_quant: bool = False,
+    symmetric_quant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``FusedMovingAvgObsFakeQuantize`` (the default QAT qconfig): a moving-average min/max
+    observer, quantization parameters chosen from it, then fake quantization of ``x``.
+
+    The CPU kernel reads the two flags with ``.item()`` and picks the parameters with FBGEMM's
+    ChooseQuantizationParams (double-precision steps, resizing empty per-channel buffers).
+    Here the min/max of ``x`` (per row of the channel axis, or overall) is computed on the
+    device; the observer update and the parameter choice run through that same CPU kernel,
+    on the host copies of the small state and a stand-in input with the same min/max; the
+    new state is written back, and ``x`` is fake-quantized on the device with it."""
+    from .minimal import from_cpu, to_cpu
+
+    op = aten._fused_moving_avg_obs_fq_helper.default
+    cause = f"{op.name()} (observer flags and quantization parameters)"
+    _report_sync(op)
+    with op_report.quiet():
+        observe = bool(to_cpu(observer_on, cause=cause).reshape(-1)[0])
+        if per_row_fake_quant and observe and ch_axis != 0:
+            raise RuntimeError("Per-channel FakeQuant in fused_moving_avg_obs_fake_quant is only supported on axis == 0")
+        if per_row_fake_quant:
+            channels = x.shape[ch_axis]
+            if observe:  # rows of the channel axis: min and max of each
+                rows = x.movedim(ch_axis, 0).reshape(channels, -1)
+                lo, hi = torch.aminmax(rows, dim=1)
+                stand_in = to_cpu(torch.stack([lo, hi], dim=1), cause=cause)
+            else:
+                stand_in = torch.zeros([channels if d == ch_axis else 1 for d in range(x.dim())], dtype=x.dtype)
+        elif observe:
+            lo, hi = torch.aminmax(x)
+            stand_in = to_cpu(torch.stack([lo, hi]), cause=cause)
+        else:
+            stand_in = torch.zeros(1, dtype=x.dtype)
+        state = [to_cpu(t, cause=cause).clone() for t in (running_min, running_max, scale, zero_point)]
+        flags = [to_cpu(t, cause=cause) for t in (observer_on, fake_quant_on)]
+        op(stand_in, *flags, *state, averaging_const, quant_min, quant_max, ch_axis, per_row_fake_quant, symmetric_quant)
+        for device_t, host_t in zip((running_min, running_max, scale, zero_point), state, strict=True):
+            if device_t.shape != host_t.shape:  # an empty per-channel buffer, sized on first use
+                device_t.resize_(host_t.shape)
+            device_t.copy_(from_cpu(host_t))
+        if not bool(flags[1].reshape(-1)[0]):
+            return x.clone(), torch.ones_like(x, dtype=torch.bool)
+    if per_row_fake_quant:
+        return aten.fake_quantize_per_channel_affine_cachemask.default(x, scale, zero_point, ch_axis, quant_min, quant_max)
+    enabled = torch.ones(1, dtype=torch.long, device=x.device)
+    return aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams.default(x, scale, zero_point, enabled, quant_min, quant_max)
+
+
 def kernels() -> dict[Any, Any]:
     return {
+        aten._fused_moving_avg_obs_fq_helper.default: fused_moving_avg_obs_fq_helper,
         aten.nonzero.default: nonzero,
         aten.masked_select.default: masked_select,
         aten.index.Tensor: index,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from typing import Any
 
 import torch
@@ -353,6 +354,74 @@ def _multilabel_margin_loss_backward(grad: torch.Tensor, x: torch.Tensor, target
     return gx
 
 
+def _fractional_starts(sample: torch.Tensor, size: int, out: int, pool: int) -> torch.Tensor:
+    """The window starts of fractional max pooling for each plane's ``sample`` (CPU kernel's
+    generate_intervals, in the sample's dtype: ``alpha = (size - pool) / (out - 1)``, start
+    ``i`` is ``int((i + sample) * alpha) - int(sample * alpha)``, the last ``size - pool``)."""
+    dt = sample.dtype
+    steps = torch.arange(out - 1, device=sample.device).to(dt)
+    if out > 1:
+        alpha = torch.full((), size - pool, dtype=dt, device=sample.device) / torch.full((), out - 1, dtype=dt, device=sample.device)
+        s = sample.unsqueeze(-1)
+        starts = torch.trunc((steps + s) * alpha).to(torch.int64) - torch.trunc(s * alpha).to(torch.int64)
+    else:
+        starts = torch.zeros((*sample.shape, 0), dtype=torch.int64, device=sample.device)
+    last = torch.full((*sample.shape, 1), size - pool, dtype=torch.int64, device=sample.device)
+    return torch.cat([starts, last], dim=-1)
+
+
+def _fractional_max_pool(x: torch.Tensor, kernel_size: Any, output_size: Any, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fractional_max_pool2d/3d: the max of each window and its index in the plane. The CPU
+    kernel keeps the first of equal maxima, and the last NaN of a window (``val > max ||
+    isnan(val)``); a window of -inf gives its first position. Samples: one per spatial
+    dim and plane, the first for the last dim in 2-d (W, H), in order in 3-d (T, H, W)."""
+    k = len(output_size)
+    spatial = list(x.shape[-k:])
+    for o, kk, n in zip(output_size, kernel_size, spatial):
+        if o + kk - 1 > n:
+            raise RuntimeError(f"fractional_max_pool{k}d(): pool size {kk} too large relative to input size {n} for output size {o}")
+    batched = x.dim() == k + 2
+    xb = x if batched else x.unsqueeze(0)
+    n, c = xb.shape[:2]
+    samples = samples.reshape(n, c, k)
+    order = [1, 0] if k == 2 else [0, 1, 2]  # which sample goes with which spatial dim
+    flat = torch.zeros((), dtype=torch.int64, device=x.device)
+    strides = [1] * k
+    for d in range(k - 2, -1, -1):
+        strides[d] = strides[d + 1] * spatial[d + 1]
+    for d in range(k):  # the plane index of every (output position, window offset)
+        starts = _fractional_starts(samples[..., order[d]], spatial[d], output_size[d], kernel_size[d])  # (n, c, out_d)
+        pos = starts.unsqueeze(-1) + torch.arange(kernel_size[d], device=x.device)  # (n, c, out_d, k_d)
+        shape = [n, c] + [1] * (2 * k)
+        shape[2 + d], shape[2 + k + d] = output_size[d], kernel_size[d]
+        flat = flat + (pos * strides[d]).reshape(shape)
+    window = math.prod(kernel_size)
+    idx = flat.reshape(n, c, *output_size, window)
+    vals = xb.reshape(n, c, -1).gather(2, idx.reshape(n, c, -1)).reshape(idx.shape)
+    nan = torch.isnan(vals)
+    first_max = torch.argmax(torch.where(nan, float("-inf"), vals), dim=-1, keepdim=True)
+    last_nan = window - 1 - torch.argmax(nan.flip(-1).to(torch.int32), dim=-1, keepdim=True)
+    choice = torch.where(nan.any(-1, keepdim=True), last_nan, first_max)
+    out, indices = vals.gather(-1, choice).squeeze(-1), idx.gather(-1, choice).squeeze(-1)
+    return (out, indices) if batched else (out.squeeze(0), indices.squeeze(0))
+
+
+@register_own(aten.fractional_max_pool2d.default, aten.fractional_max_pool3d.default)
+def _fractional_max_pool_nd(x: torch.Tensor, kernel_size: Any, output_size: Any, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fractional_max_pool(x, list(kernel_size), list(output_size), samples)
+
+
+@register_own(aten.fractional_max_pool2d_backward.default, aten.fractional_max_pool3d_backward.default)
+def _fractional_max_pool_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: Any, output_size: Any, indices: torch.Tensor) -> torch.Tensor:
+    """Each output's gradient added at its max's position in the plane."""
+    k = len(output_size)
+    lead = x.shape[:-k]
+    planes = math.prod(lead)
+    out = torch.zeros(planes, math.prod(x.shape[-k:]), dtype=grad.dtype, device=grad.device)
+    out = out.scatter_add(1, indices.reshape(planes, -1), grad.reshape(planes, -1))
+    return out.reshape(x.shape)
+
+
 def _same_shape_meta(grad: torch.Tensor, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return x.new_empty(x.shape)
 
@@ -360,10 +429,11 @@ def _same_shape_meta(grad: torch.Tensor, x: torch.Tensor, *args: Any, **kwargs: 
 # PyTorch has no Meta kernel for these backwards; the eager path needs one for the output's
 # shape (the gradient has the input's shape). Registered only where missing.
 _META = torch.library.Library("aten", "IMPL")
-for _name in ("multi_margin_loss_backward", "multilabel_margin_loss_backward"):
+for _name in ("multi_margin_loss_backward", "multilabel_margin_loss_backward", "fractional_max_pool3d_backward"):
     if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_name}", "Meta"):
         _META.impl(_name, _same_shape_meta, "Meta")
 
 
-# the fast paths of nn.MultiheadAttention and nn.TransformerEncoderLayer (registers on import)
-from . import decomp_transformer  # noqa: E402, F401
+# registered on import: fake quantization (quantization-aware training), and the fast paths
+# of nn.MultiheadAttention and nn.TransformerEncoderLayer
+from . import decomp_quant, decomp_transformer  # noqa: E402, F401
