@@ -119,13 +119,13 @@ def test_forward_backward_and_optimizer_step_run_as_one_program():
 
 
 def test_backward_recorded_into_its_own_graph_runs_when_it_ends():
-    """When nothing backward reads is pending (the forward ran, the gradient seed is given),
-    the autograd engine records into a graph of its own thread, which nothing else would
-    run: it runs when backward() ends."""
+    """With the autograd engine's device threads on, and nothing backward reads pending
+    (the forward ran, the gradient seed is given), the engine's thread records into a
+    graph of its own, which nothing else would run: it runs when backward() ends."""
     w = torch.randn(6, 3, device="tpu", requires_grad=True)
     x = torch.randn(5, 6, device="tpu")
     seed = torch.ones((), device="tpu")
-    with torchtpu.eager_mode("defer_and_fuse"):
+    with torchtpu.eager_mode("defer_and_fuse"), torch.autograd.set_multithreading_enabled(True):
         loss = (x @ w).tanh().sum()
         loss.item()
         torchtpu.metrics.reset()
@@ -135,6 +135,28 @@ def test_backward_recorded_into_its_own_graph_runs_when_it_ends():
     wc = w.detach().cpu().requires_grad_()
     (x.cpu() @ wc).tanh().sum().backward()
     torch.testing.assert_close(w.grad.cpu(), wc.grad)
+
+
+def test_backward_on_the_calling_thread_stays_in_its_graph():
+    """By default the backward runs on the thread that calls it (torchtpu turns the
+    engine's device threads off there): its ops stay pending in that thread's graph, for
+    the optimizer step to join, until something needs a value."""
+    assert not torch.autograd.is_multithreading_enabled()
+    w = torch.randn(6, 3, device="tpu", requires_grad=True)
+    x = torch.randn(5, 6, device="tpu")
+    seed = torch.ones((), device="tpu")
+    with torchtpu.eager_mode("defer_and_fuse"):
+        loss = (x @ w).tanh().sum()
+        loss.item()
+        torchtpu.metrics.reset()
+        loss.backward(seed)
+        assert deferred.pending_ops() > 0
+        assert _flushes() == {}
+        grad = w.grad.cpu()
+        assert _flushes() == {"to_cpu": 1}
+    wc = w.detach().cpu().requires_grad_()
+    (x.cpu() @ wc).tanh().sum().backward()
+    torch.testing.assert_close(grad, wc.grad)
 
 
 def test_leaving_the_mode_runs_pending_work():

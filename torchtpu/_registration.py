@@ -183,6 +183,19 @@ def _install_native_hooks() -> bool:
 NATIVE_HOOKS = False  # set by register_device: whether the C++ hooks are in
 
 
+def _backward_on_the_calling_thread() -> None:
+    """Run backward passes on the thread that calls ``backward()``, as for CPU tensors.
+
+    The autograd engine gives every non-CPU device a worker thread, so that a CUDA GPU's
+    backward can run while the CPU's does. A tpu op is already an asynchronous enqueue
+    (eager) or a record (DeferAndFuse), so the worker only adds two thread hand-offs per
+    backward and splits a DeferAndFuse step's graph between two threads: measured on the
+    minGPT step, 0.25 ms of 1.9 ms compiled and 1.3 ms of 6.9 ms under DeferAndFuse. This
+    sets PyTorch's own switch (``torch.autograd.set_multithreading_enabled``) for the thread
+    that imports torch; other threads, and a program that sets it back, keep the worker."""
+    torch.autograd.set_multithreading_enabled(False)
+
+
 def register_device() -> None:
     """PyTorch's ``_setup_privateuseone_for_python_backend``, with C++ hooks where built."""
     global NATIVE_HOOKS
@@ -223,3 +236,4 @@ def register_device() -> None:
     from .integrations import huggingface
 
     huggingface.install()
+    _backward_on_the_calling_thread()

@@ -8,10 +8,12 @@ the hot path. Output tensors are ordinary tpu tensors whose storage cells are *l
 - a value is needed: anything reading a lazy cell's buffer (``.cpu()``, ``.item()``,
   ``.tolist()``, print, ``torch.save``, ``bool(t)``, a collective, a host-synced op);
 - the user waits: ``torch.tpu.synchronize()``, leaving the mode;
-- ``backward()`` ends, when the autograd engine recorded into a graph of its own (a
-  callback queued on the engine). Usually it records into the graph of the forward pass
-  instead (:func:`_join_forward_graph`), and that graph goes on: the optimizer step fuses
-  into the same program as forward and backward;
+- ``backward()`` ends, when the autograd engine's device thread recorded into a graph of
+  its own (a callback queued on the engine). Usually the backward runs on the calling
+  thread (torchtpu turns the engine's device threads off for the thread that imports
+  torch) or, on a device thread, records into the graph of the forward pass
+  (:func:`_join_forward_graph`): that graph goes on, and the optimizer step fuses into the
+  same program as forward and backward;
 - the op about to be recorded starts the same sequence again (a loop step repeats);
 - the graph reaches ``MAX_NODES`` ops, so programs stay compilable.
 
@@ -374,11 +376,13 @@ def _spec(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> _Spec:
 def _hook_backward(g: Graph) -> None:
     """Inside ``backward()``, run a graph of the autograd engine's own thread when the engine
     finishes: nothing else would. A forward graph it joined is left pending: the thread that
-    called ``backward()`` records the optimizer step into it next."""
+    called ``backward()`` records the optimizer step into it next. Without the engine's
+    threads (``torch.autograd.set_multithreading_enabled(False)``, torchtpu's default for
+    the thread that imports torch) the caller's own graph records the backward: it goes on."""
     if g.owner != threading.get_ident():
         return
     task = torch._C._current_graph_task_id()
-    if task == -1 or g.hooked_backward == task:
+    if task == -1 or g.hooked_backward == task or not torch._C._is_multithreading_enabled():
         return
     g.hooked_backward = task
     torch.autograd.Variable._execution_engine.queue_callback(lambda: _flush_graph(g, "backward"))
