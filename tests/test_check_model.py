@@ -122,7 +122,7 @@ def test_decomposed_and_backward_ops_in_process(recorder, monkeypatch):
     here = os.path.abspath(__file__)
     decomposed = entries[(op_report.DECOMPOSED, "aten::hardswish")]
     assert decomposed.where.startswith(f"{here}:") and decomposed.user_where is None
-    # sigmoid_backward runs on the autograd engine's thread: no user frame, its node instead
+    # sigmoid_backward runs in the autograd engine, called by backward(): its node, not that line
     backward = [e for (_, name), e in entries.items() if name == "aten::sigmoid_backward"]
     assert [e.where for e in backward] == ["backward (SigmoidBackward0)"]
 

@@ -39,6 +39,22 @@ def test_accelerator_agrees():
     assert x.sum().item() == 6
 
 
+def test_the_device_guard_answers_for_tpu_0():
+    """What the device guard tells PyTorch (the C++ one of csrc/hooks.cpp where built, the
+    Python one otherwise): one device, tpu:0, its default stream, and a backward whose
+    engine asks it for every node. (Events are torch.tpu.Event's; the generic torch.Event
+    raises "Backend doesn't support synchronizing events", as it did with the Python guard.)"""
+    assert torch.accelerator.current_device_index() == 0
+    torch.accelerator.set_device_index(0)
+    with torch.accelerator.device_index(0):
+        assert torch.accelerator.current_stream().device == torch.device("tpu", 0)
+    with torch.device("tpu"):
+        w = torch.ones(3, requires_grad=True)
+    assert w.device == torch.device("tpu", 0)
+    (w * torch.arange(3.0, device="tpu")).sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), torch.arange(3.0))
+
+
 def test_tensor_methods_generated():
     x = torch.ones(2).tpu()
     assert x.is_tpu and x.device.type == "tpu"

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 import torch
+import torchtpu
 
 from torchtpu.errors import TpuPlatformError
 from torchtpu.runtime import platforms
@@ -157,3 +158,24 @@ def test_every_environment_variable_is_documented_in_the_readme():
     readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
     missing = [name for name in config.ENV_VARS if f"`{name}`" not in readme]
     assert not missing, f"document these in README.md's environment table: {missing}"
+
+
+def test_synchronize_waits_for_one_live_result_per_execution():
+    """torch.tpu.synchronize() waits for every execution through one result of each (they
+    become ready together): a freed or donated result gives way to the next one."""
+    from torchtpu.runner import program
+    from torchtpu.tensor.storage import cell_of
+
+    x = torch.randn(64, 8, device="tpu")
+    torch.tpu.synchronize()
+    executions = torchtpu.metrics.snapshot()["executions"]
+    values, indices = x.max(dim=1)  # one program, two results
+    assert torchtpu.metrics.snapshot()["executions"] == executions + 1
+    (waited,) = program.take_pending()
+    assert waited is cell_of(values).buf
+    values, indices = x.max(dim=1)
+    del values
+    (waited,) = program.take_pending()
+    assert waited is cell_of(indices).buf
+    assert program.take_pending() == []
+    torch.testing.assert_close(indices.cpu(), x.cpu().max(dim=1).indices)

@@ -170,8 +170,9 @@ def _patch_storage_pickle() -> None:
 
 
 def _install_native_hooks() -> bool:
-    """Register the C++ hooks (torchtpu/csrc/hooks.cpp: tpu generators, pinned host memory)
-    when the extension was built; False when it was not (a Python hooks object then)."""
+    """Register the C++ hooks (torchtpu/csrc/hooks.cpp: tpu generators, pinned host memory,
+    the device guard) when the extension was built; False when it was not (Python hooks and
+    guard objects then)."""
     try:
         from . import _hooks  # type: ignore[attr-defined]
     except ImportError:
@@ -205,9 +206,9 @@ def register_device() -> None:
     torch.utils.generate_methods_for_privateuse1_backend()
     torch._register_device_module("tpu", device.make_module())
     NATIVE_HOOKS = _install_native_hooks()
-    if not NATIVE_HOOKS:
+    if not NATIVE_HOOKS:  # the C++ extension registers its own hooks and device guard
         torch._C._acc.register_python_privateuseone_hook(_Hooks())
-    torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+        torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     torch.serialization.register_package(5, _ser_tag, _ser_restore)
     _patch_accelerator_synchronize()
     _patch_tensor_printing()

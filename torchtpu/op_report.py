@@ -84,7 +84,10 @@ def source_lines() -> tuple[str, str | None]:
     """(innermost frame outside torch/torchtpu, innermost user frame if that one is a library's)."""
     f = sys._getframe(1)
     where = None
+    engine = _engine_entry()
     while f is not None:
+        if f.f_code is engine and where is None:  # an autograd node's op, no user code in it
+            return _backward_node(), None
         name = f.f_code.co_filename
         if not _internal(name):
             here = f"{name}:{f.f_lineno}"
@@ -98,8 +101,18 @@ def source_lines() -> tuple[str, str | None]:
     return where or _backward_node(), None
 
 
+def _engine_entry() -> object:
+    """The code of the frame that enters the autograd engine (``loss.backward()`` runs the
+    nodes below it on the calling thread): what a backward node runs is named after the
+    node, not after the line that called ``backward()``."""
+    import torch
+
+    run = getattr(torch.autograd.graph, "_engine_run_backward", None)
+    return getattr(run, "__code__", None)
+
+
 def _backward_node() -> str:
-    """No user frame: a backward op running on the autograd engine's thread; name its node."""
+    """No user frame: a backward op (on the calling thread or an autograd device thread); name its node."""
     import torch
 
     node = torch._C._current_autograd_node()

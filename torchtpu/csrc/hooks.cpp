@@ -1,6 +1,9 @@
 // The tpu device's C++ hooks: what PyTorch asks a backend's PrivateUse1HooksInterface for
 // and a Python hooks object cannot give -- a generator per `torch.Generator("tpu")` and a
-// pinned host allocator (`pin_memory=True`, `Tensor.pin_memory()`, `is_pinned()`).
+// pinned host allocator (`pin_memory=True`, `Tensor.pin_memory()`, `is_pinned()`) -- and
+// its device guard, which the Python one (torch._C._acc.DeviceGuard) answers by calling into
+// Python for the device type on every use: the autograd engine and the dispatcher ask it
+// about 150 times per minGPT training step.
 //
 // Optional: torchtpu imports it when it was built (setup.py builds it when torch and a C++
 // compiler are there) and registers Python hooks otherwise, which lack these two things.
@@ -13,6 +16,7 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/GeneratorImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <cstring>
@@ -159,9 +163,38 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
   }
 };
 
+// The device guard of one device with one in-order queue: what torch._C._acc.DeviceGuard
+// does, without the call into Python (device tpu:0, the default stream, events that are
+// always complete: the program order is the device's order).
+struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+  c10::DeviceType type() const override { return kType; }
+  c10::Device exchangeDevice(c10::Device) const override { return getDevice(); }
+  c10::Device getDevice() const override { return c10::Device(kType, 0); }
+  void setDevice(c10::Device) const override {}
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device) const noexcept override { return defaultStream(); }
+  c10::Stream getNewStream(c10::Device, int) const override { return defaultStream(); }
+  c10::Stream exchangeStream(c10::Stream) const noexcept override { return defaultStream(); }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+
+ private:
+  static c10::Stream defaultStream() { return c10::Stream(c10::Stream::DEFAULT, c10::Device(kType, 0)); }
+};
+
 PyObject* install(PyObject*, PyObject*) {
   try {
     at::RegisterPrivateUse1HooksInterface(new TpuHooks());
+    if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::PrivateUse1)) {
+      static TpuGuard guard;
+      c10::impl::registerDeviceGuard(c10::DeviceType::PrivateUse1, &guard);
+    }
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
@@ -170,7 +203,7 @@ PyObject* install(PyObject*, PyObject*) {
 }
 
 PyMethodDef methods[] = {
-    {"install", install, METH_NOARGS, "Register the tpu device's C++ hooks (once, before any Python hooks)."},
+    {"install", install, METH_NOARGS, "Register the tpu device's C++ hooks and device guard (once, before any Python ones)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

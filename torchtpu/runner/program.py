@@ -220,26 +220,41 @@ def scalar_dtype(pytype: type) -> torch.dtype:
 # --------------------------------------------------------------------------
 # Weak references: a strong one would make every recent result look shared to the
 # donation checks (eager/dispatch.py, eager/deferred.py), which count a buffer's references.
-_pending: list[weakref.ref] = []  # recent result buffers
+# One entry per execution: its results become ready together, so waiting for any live one
+# waits for the execution (a donated or freed result is skipped for the next).
+_pending: list[tuple[weakref.ref, ...]] = []  # the results of recent executions
+_TRIM_AT = 256
+_trim_at = _TRIM_AT
 
 
 def track(outs: list[Any]) -> None:
-    """Remember recent results so that ``synchronize()`` can wait for them."""
-    _pending.extend(map(weakref.ref, outs))
-    if len(_pending) > 256:
-        keep = [r for r in _pending[-64:] if (b := r()) is not None and not pjrt.Runtime.is_ready(b)]
-        _pending.clear()
-        _pending.extend(keep)
+    """Remember an execution's results so that ``synchronize()`` can wait for it."""
+    global _trim_at
+    if not outs:
+        return
+    _pending.append(tuple(map(weakref.ref, outs)))
+    if len(_pending) > _trim_at:  # forget finished executions; amortized O(1) per call
+        _pending[:] = [refs for refs in _pending if (buf := _live(refs)) is not None and not pjrt.Runtime.is_ready(buf)]
+        _trim_at = max(_TRIM_AT, 2 * len(_pending))
+
+
+def _live(refs: tuple[weakref.ref, ...]) -> Any:
+    """A result of one execution that is still alive and not donated, or None."""
+    for ref in refs:
+        buf = ref()
+        if buf is not None and not buf.is_deleted():
+            return buf
+    return None
 
 
 def recent_results() -> list[weakref.ref]:
-    """Weak references to the recent result buffers (kept for ``synchronize()``): waiting
-    for them waits for the work enqueued so far, the device being one in-order queue."""
-    return list(_pending)
+    """Weak references that wait for the work enqueued so far: one live result per recent
+    execution (kept for ``synchronize()``)."""
+    return [weakref.ref(buf) for refs in _pending if (buf := _live(refs)) is not None]
 
 
 def take_pending() -> list[Any]:
-    """The tracked buffers still alive (and forget them)."""
-    bufs = [b for r in _pending if (b := r()) is not None and not b.is_deleted()]
+    """One live result per execution not yet waited for (and forget them)."""
+    bufs = [buf for refs in _pending if (buf := _live(refs)) is not None]
     _pending.clear()
     return bufs
