@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 import torch
-import torchtpu
 
+import torchtpu
 from torchtpu.errors import TpuPlatformError
 from torchtpu.runtime import platforms
 
