@@ -46,8 +46,9 @@ def current() -> str:
     mode = _local.mode
     if mode is not None:
         return mode
-    # The autograd engine runs backward on its own device thread: it follows the
-    # innermost open ``eager_mode`` context, so a backward inside one is deferred too.
+    # Where the autograd engine runs backward on its own device thread (a thread with
+    # torch.autograd.set_multithreading_enabled(True)), that thread follows the innermost
+    # open ``eager_mode`` context, so a backward inside one is deferred too.
     if _outer_context and torch._C._current_graph_task_id() != -1:
         return _outer_context[-1]
     return _default
