@@ -432,3 +432,18 @@ def test_small_image_convolution_is_patches_and_a_dot_on_cpu_only() -> None:
     vals = [ctx.b.param(a.shape, a.dtype) if isinstance(a, T) else a for a in args]
     tpu = ctx.b.module([lower_call(ctx, aten.convolution.default, vals, {}, None)])
     assert "stablehlo.convolution" in tpu and "stablehlo.dot_general" not in tpu
+
+
+def test_attention_products_have_one_batch_dim() -> None:
+    """SDPA's products run with the batch and head dims folded into one: XLA's CPU backend
+    keeps a dot with several batch dims that contracts the left operand's rows (the
+    backward's P^T @ dO) out of its library fusions, at twice the program's time."""
+    from torchtpu.lowering.rules.attention import SDPA_BACKWARD, SDPA_FORWARD
+
+    q, kv = T(8, 4, 32, 16), T(8, 2, 32, 16)
+    forward = lower(SDPA_FORWARD, q, kv, kv, None, True, None)
+    backward = lower(SDPA_BACKWARD, q, q, kv, kv, None, q, T(8, 4, 32), True, None, False)
+    for text in (forward, backward):
+        batching = re.findall(r"lhs_batching_dimensions = \[([\d, ]*)\]", text)
+        assert batching and all(dims == "0" for dims in batching), batching
+    assert len(re.findall(r"stablehlo\.dot_general", backward)) == 5  # dV, dP, dQ, dK and the scores
