@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 
 import torchtpu
+from torchtpu.eager import deferred
 from torchtpu.runner import checks
 
 Fn = Callable[[str], Any]
@@ -222,6 +223,48 @@ BAD_TARGETS = {
 def test_target_out_of_bounds_raises_index_error(case: str):
     err = _raises_like_cpu(BAD_TARGETS[case])
     assert isinstance(err, IndexError)
+    _device_still_works()
+
+
+def _rows(d: str) -> torch.Tensor:
+    return torch.arange(15.0, device=d).view(5, 3)
+
+
+# each op's own words and exception type on the CPU (IndexError or RuntimeError)
+BAD_INDICES = {
+    "index": lambda d: _rows(d)[T(d, [1, 7])],
+    "index_negative": lambda d: _rows(d)[T(d, [-6])],
+    "index_put": lambda d: _rows(d).index_put_((T(d, [1, 7]),), torch.ones(2, 3, device=d)),
+    "gather": lambda d: torch.gather(_rows(d), 0, T(d, [[7, 0, 0]])),
+    "scatter": lambda d: _rows(d).scatter(0, T(d, [[7, 0, 0]]), 1.0),
+    "index_select": lambda d: _rows(d).index_select(0, T(d, [1, 7])),
+    "take": lambda d: _rows(d).take(T(d, [99])),
+    "put": lambda d: _rows(d).put(T(d, [99]), T(d, [1.0])),
+    "index_add": lambda d: _rows(d).index_add(0, T(d, [1, 7]), torch.ones(2, 3, device=d)),
+    "index_copy": lambda d: _rows(d).index_copy(0, T(d, [1, 7]), torch.ones(2, 3, device=d)),
+    "index_fill": lambda d: _rows(d).index_fill(0, T(d, [1, 7]), 1.0),
+    "embedding": lambda d: F.embedding(T(d, [1, 7]), _rows(d)),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INDICES)
+def test_index_out_of_range_raises_the_cpus_error(case: str):
+    _raises_like_cpu(BAD_INDICES[case])
+    _device_still_works()
+
+
+def test_the_checks_of_one_program_come_back_as_one_buffer():
+    """Several checks in one program (a DeferAndFuse graph here) are read at the wait as
+    one packed buffer, and the one that failed is reported with its own values."""
+    x = _rows("tpu")
+    with torchtpu.eager_mode("defer_and_fuse"):
+        x[T("tpu", [0, 4])], x.index_select(0, T("tpu", [2])), x[T("tpu", [1, 9])]
+        deferred.flush()
+        flags = [flag for flag, *_ in checks._pending]
+        assert len(flags) == 3 and len({id(f.buf) for f in flags}) == 1
+        assert [f.span for f in flags] == [(0, 2), (2, 3), (3, 5)]
+        with pytest.raises(IndexError, match="^index 9 is out of bounds for dimension 0 with size 5"):
+            torch.tpu.synchronize()
     _device_still_works()
 
 

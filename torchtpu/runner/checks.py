@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -54,7 +54,14 @@ def error_type(exc: type[Exception]) -> type[TpuAsyncError]:
     return cls
 
 
-_pending: list[tuple[Any, str, str, str]] = []  # (flag buffer, op, message, source line)
+class Flag(NamedTuple):
+    """Where a check's flag is: a buffer of its own, or ``span`` of a program's packed flags."""
+
+    buf: Any
+    span: tuple[int, int] | None = None
+
+
+_pending: list[tuple[Flag, str, str, str]] = []  # (flag, op, message, source line)
 _lock = threading.Lock()
 _LIB_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (os.path.dirname(os.path.dirname(__file__)) + os.sep,)
 
@@ -70,20 +77,10 @@ def user_source_line() -> str:
     return "<unknown>"
 
 
-def add(flags: list[Any], op: str, messages: list[str], where: str) -> None:
+def add(flags: list[Flag], op: str, messages: list[str], where: str) -> None:
     with _lock:
-        for buf, msg in zip(flags, messages):
-            _pending.append((buf, op, msg, where))
-
-
-def take_flags(outs: list[Any], op: str, messages: list[str]) -> list[Any]:
-    """A program's results without its trailing check flags (one per message), which are
-    kept to be read at the user's next wait, blamed on ``op`` and the caller's line."""
-    if not messages:
-        return outs
-    n = len(messages)
-    add(outs[-n:], op, messages, user_source_line())
-    return outs[:-n]
+        for flag, msg in zip(flags, messages):
+            _pending.append((flag, op, msg, where))
 
 
 def clear() -> None:
@@ -106,10 +103,15 @@ def raise_pending(blocking: bool = False) -> None:
         items = list(_pending)
         _pending.clear()
     rt = pjrt.get()
-    for buf, op, msg, where in items:
-        flag = np.asarray(rt.to_numpy(buf)).reshape(-1)  # [bad] or [bad, values...] (L.check)
-        if flag[0]:
-            raise _error(op, msg, [int(v) for v in flag[1:]], where, blocking)
+    read: dict[int, np.ndarray] = {}  # a program's packed flags are read once
+    for flag, op, msg, where in items:
+        values = read.get(id(flag.buf))
+        if values is None:
+            values = read[id(flag.buf)] = np.asarray(rt.to_numpy(flag.buf)).reshape(-1)
+        if flag.span is not None:
+            values = values[flag.span[0] : flag.span[1]]
+        if values[0]:  # [bad] or [bad, values...] (L.check)
+            raise _error(op, msg, [int(v) for v in values[1:]], where, blocking)
 
 
 def _error(op: str, msg: str, values: list[int], where: str, blocking: bool) -> TpuAsyncError:

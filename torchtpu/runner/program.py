@@ -54,7 +54,10 @@ class OutputSpec(NamedTuple):
 class StorageProgram:
     """A compiled storage program and the layout of its results."""
 
-    __slots__ = ("key", "text", "what", "n_results", "updates", "check_messages", "result_types", "group", "n_kept", "_handlers")
+    __slots__ = (
+        "key", "text", "what", "n_results", "updates", "check_messages", "check_spans", "result_types", "group", "n_kept",
+        "_handlers",
+    )
 
     def __init__(
         self,
@@ -67,13 +70,16 @@ class StorageProgram:
         result_types: list[tuple[tuple[int, ...], Any]],
         group: tuple[int, ...] | None = None,
         n_kept: int = 0,
+        check_spans: tuple[tuple[int, int], ...] | None = None,
     ):
         self.key = key  # the executable lives in runtime/cache.py (bounded): executable()
         self.text = text
         self.what = what
         self.n_results = n_results  # new buffers first...
         self.updates = updates  # ...then one per rewritten storage slot, in this order...
-        self.check_messages = check_messages  # ...then one flag per device-side check
+        self.check_messages = check_messages  # ...then one flag per device-side check, or
+        # with several, one int64 vector holding them all: check i is [start, stop) of it
+        self.check_spans = check_spans
         self.result_types = result_types  # (shape, numpy dtype) of every result
         self.group = group  # global ranks of a program with collectives (replica i on group[i]), or None
         self.n_kept = n_kept  # ...then the values kept alive (ProgramContext.keep), dropped by execute
@@ -128,7 +134,12 @@ class ProgramBuilder:
         outputs += [storage_result(self.b, value, shape) for _, value, shape in updates]
         for slot in donate:
             self.b.set_param_attr(self._param_of[slot], f"tf.aliasing_output = {position[slot]} : i32")
-        outputs += [flag for flag, _ in self.ctx.checks]
+        flags = [flag for flag, _ in self.ctx.checks]
+        spans = None
+        if len(flags) > 1:  # read back as one buffer at the next wait, not one per check
+            packed, spans = pack_flags(self.b, flags)
+            flags = [packed]
+        outputs += flags
         outputs += self.ctx.keep
         text = self.b.module(outputs)
         if self.group is None:
@@ -141,10 +152,22 @@ class ProgramBuilder:
         messages = [m for _, m in self.ctx.checks]
         types = [(tuple(v.shape), numpy_dtype(v.dtype)) for v in outputs]
         slots = tuple(slot for slot, _, _ in updates)
-        return StorageProgram(key, text, what, len(results), slots, messages, types, self.group, len(self.ctx.keep))
+        return StorageProgram(key, text, what, len(results), slots, messages, types, self.group, len(self.ctx.keep), spans)
 
     def has_param(self, slot: int) -> bool:
         return slot in self._param_of
+
+
+def pack_flags(b: Any, flags: list[Value]) -> tuple[Value, tuple[tuple[int, int], ...]]:
+    """Check flags (a bool, or an int64 vector ``[failed, values...]``) as one int64 vector,
+    and where each one lies in it."""
+    parts, spans, start = [], [], 0
+    for flag in flags:
+        n = math.prod(flag.shape)
+        parts.append(b.reshape(b.convert(flag, torch.int64), (n,)))
+        spans.append((start, start + n))
+        start += n
+    return b.concatenate(parts, 0), tuple(spans)
 
 
 class Blame(NamedTuple):
@@ -167,13 +190,16 @@ def execute(program: StorageProgram, inputs: list[Any], blame: str | Sequence[Bl
     metrics.add("execute_seconds", perf_counter() - t0)
     if program.n_kept:
         outs = outs[: -program.n_kept]
-    n = len(program.check_messages)
-    if n:
-        flags, outs = outs[-n:], outs[:-n]
+    messages = program.check_messages
+    if messages:
+        spans = program.check_spans
+        n = 1 if spans else len(messages)
+        bufs, outs = outs[-n:], outs[:-n]
+        flags = [checks.Flag(bufs[0], span) for span in spans] if spans else [checks.Flag(buf) for buf in bufs]
         if isinstance(blame, str):
-            checks.add(flags, blame, program.check_messages, checks.user_source_line())
+            checks.add(flags, blame, messages, checks.user_source_line())
         else:
-            for flag, message, who in zip(flags, program.check_messages, blame):
+            for flag, message, who in zip(flags, messages, blame):
                 checks.add([flag], who.op, [message], who.where or checks.user_source_line())
     track(outs)
     return outs

@@ -31,20 +31,43 @@ def _i64(L: NodeLowering, idx: Value) -> Value:
     return L.to(idx, torch.int64)
 
 
-def _check_bounds(L: NodeLowering, idx: Value, size: int, dim: int, negative_ok: bool) -> None:
+# The CPU's words and exception for an index out of range, per op: ``{}`` is the first bad
+# index, ``{dim}`` and ``{size}`` the indexed dim and its size.
+OUT_OF_BOUNDS = "index {{}} is out of bounds for dimension {dim} with size {size}"  # gather, scatter, index_add
+OUT_OF_RANGE_IN_SELF = "index out of range in self"  # index_select, embedding
+OUT_OF_RANGE_FLAT = "out of range: tried to access index {{}} on a tensor of {size} elements."  # take, put
+
+
+def _check_bounds(
+    L: NodeLowering,
+    idx: Value,
+    size: int,
+    dim: int,
+    negative_ok: bool,
+    exc: type[Exception] = RuntimeError,
+    message: str = OUT_OF_BOUNDS,
+) -> None:
     """XLA clamps out-of-range indices silently; report them (asynchronously, like a CUDA
-    device-side assert) instead of returning a wrong answer."""
+    device-side assert) instead of returning a wrong answer, as the CPU's ``exc`` with its
+    ``message``."""
     idx = _i64(L, idx)
     lo = L.full(-size if negative_ok else 0, idx.shape, torch.int64)
     hi = L.full(size, idx.shape, torch.int64)
     bad = L.b.binary("or", L.b.compare(idx, lo, "LT"), L.b.compare(idx, hi, "GE"))
-    # the CPU's words, naming the first bad index (gather, scatter, index, index_put)
-    L.check(bad, f"index {{}} is out of bounds for dimension {dim} with size {size}", values=[idx])
+    text = message.format(dim=dim, size=size)
+    L.check(bad, text, exc=exc, values=[idx] if "{}" in text else [])
 
 
-def _wrap_negative(L: NodeLowering, idx: Value, size: int, dim: int = 0) -> Value:
+def _wrap_negative(
+    L: NodeLowering,
+    idx: Value,
+    size: int,
+    dim: int = 0,
+    exc: type[Exception] = IndexError,
+    message: str = OUT_OF_BOUNDS,
+) -> Value:
     """Python-style negative indices (``i + size`` where ``i < 0``), bounds-checked."""
-    _check_bounds(L, idx, size, dim, negative_ok=True)
+    _check_bounds(L, idx, size, dim, negative_ok=True, exc=exc, message=message)
     idx = _i64(L, idx)
     zero = L.zeros(idx.shape, torch.int64)
     return L.b.select(L.b.compare(idx, zero, "LT"), L.b.binary("add", idx, L.full(size, idx.shape, torch.int64)), idx)
@@ -167,7 +190,7 @@ def index_select(L: NodeLowering, x: Value, dim: int, index: Value) -> Value:
     index = L.b.reshape(index, (prod(index.shape),))
     if prod(out) == 0:
         return L.zeros(out, x.dtype)
-    _check_bounds(L, index, x.shape[dim], dim, negative_ok=False)
+    _check_bounds(L, index, x.shape[dim], dim, negative_ok=False, exc=IndexError, message=OUT_OF_RANGE_IN_SELF)
     return L.b.reshape(_gather_rows(L, x, dim, index), out)
 
 
@@ -190,7 +213,7 @@ def gather(L: NodeLowering, x: Value, dim: int, index: Value, sparse_grad: bool 
 @register(aten.take.default)
 def take(L: NodeLowering, x: Value, index: Value) -> Value:
     flat = L.b.reshape(x, (prod(x.shape),))
-    idx = _wrap_negative(L, index, prod(x.shape))
+    idx = _wrap_negative(L, index, prod(x.shape), message=OUT_OF_RANGE_FLAT)
     n = prod(index.shape)
     if n == 0:
         return L.zeros(index.shape, x.dtype)
@@ -202,7 +225,7 @@ def take(L: NodeLowering, x: Value, index: Value) -> Value:
 def put(L: NodeLowering, x: Value, index: Value, source: Value, accumulate: bool = False) -> Value:
     n = prod(x.shape)
     flat = L.b.reshape(x, (n,))
-    idx = _wrap_negative(L, index, n)
+    idx = _wrap_negative(L, index, n, message=OUT_OF_RANGE_FLAT)
     src = L.b.reshape(L.to(source, x.dtype), (prod(source.shape),))
     combine = _combiner(L, "add", x.dtype) if accumulate else None
     return L.b.reshape(_scatter_rows(L, flat, 0, idx, src, combine), x.shape)
@@ -340,7 +363,8 @@ def index_reduce(
 @register(aten.index_copy.default)
 def index_copy(L: NodeLowering, x: Value, dim: int, index: Value, source: Value) -> Value:
     dim = wrap_dim(dim, x.rank)
-    _check_bounds(L, index, x.shape[dim] if x.rank else 1, dim, negative_ok=False)
+    size = x.shape[dim] if x.rank else 1
+    _check_bounds(L, index, size, dim, negative_ok=False, exc=IndexError, message="index_copy_(): " + OUT_OF_BOUNDS)
     return _scatter_rows(L, x, dim, index, source, None)
 
 
@@ -512,7 +536,7 @@ def embedding(L: NodeLowering, weight: Value, indices: Value, padding_idx: int =
     out = L.out[0].shape
     if prod(out) == 0:
         return L.zeros(out, weight.dtype)
-    _check_bounds(L, indices, weight.shape[0], 0, negative_ok=False)
+    _check_bounds(L, indices, weight.shape[0], 0, negative_ok=False, exc=IndexError, message=OUT_OF_RANGE_IN_SELF)
     idx = b.reshape(_i64(L, indices), indices.shape + (1,))
     slice_sizes = [1] + list(weight.shape[1:])
     offset = list(range(indices.rank, indices.rank + weight.rank - 1))
