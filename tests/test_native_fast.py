@@ -153,9 +153,9 @@ def _eager_calls(ts: list) -> tuple:
     from torchtpu.eager import dispatch
 
     native = dispatch._Call()
-    entries = native.tensors_of(ts)
+    entries = native.device_tensors(ts)
     python = dispatch._Call()
-    expected = tuple(None if t is None else python._tensor(t) for t in ts)
+    expected = tuple(None if t is None else python.tensor(t) for t in ts)
     return native, entries, python, expected
 
 

@@ -111,19 +111,10 @@ class _Call:
         self.scalars: list[Any] = []
         self.scalar_types: list[type | str] = []
 
-    def tensor(self, t: torch.Tensor) -> tuple:
-        entries = self.device_tensors([t])
-        return self._tensor(t) if entries is None else entries[0]
-
-    def tensors_of(self, ts: list[torch.Tensor | None]) -> tuple:
-        """The key entries of ``ts`` (None stays None): ``_tensor``'s, in C++ where built."""
-        entries = self.device_tensors(ts)
-        return tuple(None if t is None else self._tensor(t) for t in ts) if entries is None else entries
-
     def device_tensors(self, ts: list[torch.Tensor | None]) -> tuple | None:
-        """``tensors_of(ts)`` in C++, or None where it is not built, the call runs padded, or
-        one of ``ts`` is not a tpu tensor (then nothing is recorded) or has no device buffer
-        (which ``_tensor`` raises for)."""
+        """The key entries of ``ts`` (None stays None), ``tensor``'s in C++: None where it is
+        not built, the call runs padded, or one of ``ts`` is not a tpu tensor (then nothing is
+        recorded) or has no device buffer (which ``tensor`` raises for)."""
         if eager_keys is None or self.padded is not None:
             return None
         offsets: list[int] = []
@@ -134,7 +125,7 @@ class _Call:
                 self.scalar_types.append(RUNTIME_OFFSET)
         return entries
 
-    def _tensor(self, t: torch.Tensor) -> tuple:
+    def tensor(self, t: torch.Tensor) -> tuple:
         try:
             cell = t.untyped_storage()._cell  # cell_of, inlined: once per tensor argument
         except AttributeError:
@@ -199,7 +190,7 @@ def _collect(plan: OpPlan, values: list[Any], padded: buckets.Padded | None = No
             if entries is None:  # CPU 0-d tensors are moved (as CUDA does); others raise
                 if any(t is not None and t.device.type != "tpu" for t in v):
                     v = values[i] = [t if t is None or t.device.type == "tpu" else _to_device_scalar_tensor(t) for t in v]
-                entries = call.tensors_of(v)
+                entries = tuple(None if t is None else call.tensor(t) for t in v)
             key.append(entries)
         elif kind == KIND_SCALAR:
             key.append(call.scalar(v, lift))
