@@ -73,6 +73,23 @@ def test_user_uploads_keep_storages_of_their_own_size(fresh_upload_history: None
     assert torch.equal(d.view(torch.bool).clone().cpu(), raw.view(torch.bool))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.bfloat16])
+def test_a_twin_holds_the_values_of_the_upload(dtype: torch.dtype, fresh_upload_history: None) -> None:
+    """The twin is uploaded when a padded op first reads it, from a host copy taken at the
+    upload: a CPU tensor the user changes in between (a reused batch buffer) does not
+    reach it. Its spare rows hold zeros."""
+    torch.arange(5).to(dtype).to("tpu")  # a second length in the bucket: uploads vary
+    host = torch.arange(1, 12).to(dtype)
+    d = host.to("tpu")
+    expected = host.clone()
+    host.fill_(-1)
+    twin = twin_of(d)
+    assert twin is not None and twin.dtype == dtype
+    assert torch.equal(twin.cpu(), expected) and torch.equal(d.cpu(), expected)
+    storage = twin.as_strided((512,), (1,), 0).cpu()
+    assert torch.equal(storage[:11], expected) and not storage[11:].any()
+
+
 def test_a_written_upload_drops_its_twin(mode: str, fresh_upload_history: None) -> None:
     """Ops read the twin only while the storage holds what was uploaded: after an in-place
     write (run or pending), the ids' own storage is read, with the new values."""

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -176,14 +176,26 @@ class BoundedPlan:
             self.shared.seen[symbol] = b
         return out
 
-    def buckets(self, args: list[Any], lengths: list[int]) -> list[int]:
+    def pad(self, args: list[Any]) -> PaddedCall:
+        """This call's lengths and its inputs padded to their buckets."""
+        lengths = self.lengths(args)
+        reads = self._reads(args)
+        return PaddedCall(lengths, self._pad_args(args, reads, self.buckets(args, lengths, reads)))
+
+    def _reads(self, args: list[Any]) -> dict[int, _Read]:
+        """What each dynamic input is read from, and its eager-bucketed rows: asked once per
+        input (both the buckets and the padding need them; each costs a few microseconds
+        of tensor queries)."""
+        return {i: _read(args[i], dims) for i, dims in self.tensor_dims.items()}
+
+    def buckets(self, args: list[Any], lengths: list[int], reads: dict[int, _Read]) -> list[int]:
         """The size each symbol is padded to: its length's power-of-two bucket, within its
         bound. An unbounded (automatic) symbol's bucket leaves a quarter of room and only
         grows, as a caching allocator's block would: lengths that wander around a power of
         two (a batch's total of jagged ids) keep to one program instead of one per
         combination of tables, and a size Dynamo saw change grows into its room."""
         out = []
-        held = self._eager_buckets(args)
+        held = self._eager_buckets(reads)
         for s, (symbol, n, b) in enumerate(zip(self.symbols, lengths, self.bounds(args))):
             if s in held and (b is None or held[s] <= b):
                 k = held[s]  # the rows its inputs' storages hold already: no padding to do
@@ -194,31 +206,31 @@ class BoundedPlan:
             out.append(k)
         return out
 
-    def _eager_buckets(self, args: list[Any]) -> dict[int, int]:
+    def _eager_buckets(self, reads: dict[int, _Read]) -> dict[int, int]:
         """Symbol -> the rows of the eager-bucketed storages (eager/buckets.py) its inputs
         walk along their dynamic dim, where every such input agrees (a token count that
         ``nonzero`` produced, a saved activation of an earlier call): the program of that
         bucket reads those storages as they are, and its outputs are bucketed alike, so
         the eager ops around the graph keep running padded."""
-        caps: dict[int, set[int]] = {}
+        caps: dict[int, set[int | None]] = {}
         for i, dims in self.tensor_dims.items():
-            for d, s in dims:
-                caps.setdefault(s, set()).add(eager_rows(_bucketed(args[i]), d))
+            for (_, s), rows in zip(dims, reads[i].rows):
+                caps.setdefault(s, set()).add(rows)
         return {s: c.pop() for s, c in caps.items() if len(c) == 1 and None not in c}
 
-    def pad_args(self, args: list[Any], buckets: list[int]) -> list[Any]:
+    def _pad_args(self, args: list[Any], reads: dict[int, _Read], buckets: list[int]) -> list[Any]:
         """Inputs padded to their bucket sizes: a view over the spare rows of an
         eager-bucketed storage that holds them (a bucketed twin of uploaded ids included),
         else through the host; SymInts become buckets."""
         out = list(args)
         for i, dims in self.tensor_dims.items():
-            t = _bucketed(args[i])
+            t, rows = reads[i]
             pads = [(0, 0)] * t.dim()
             for d, s in dims:
                 pads[d] = (0, buckets[s] - t.shape[d])
-            if len(dims) == 1 and eager_rows(t, dims[0][0]) == buckets[dims[0][1]]:
+            if len(dims) == 1 and rows[0] == buckets[dims[0][1]]:
                 d = dims[0][0]
-                out[i] = t.as_strided(t.shape[:d] + (buckets[dims[0][1]],) + t.shape[d + 1 :], t.stride(), t.storage_offset())
+                out[i] = t.as_strided(t.shape[:d] + (rows[0],) + t.shape[d + 1 :], t.stride(), t.storage_offset())
             elif any(p[1] for p in pads) or not _own_storage(t):
                 out[i] = _pad_host(t, pads)
         for i, s in self.int_inputs.items():
@@ -226,22 +238,44 @@ class BoundedPlan:
         return out
 
 
-def _bucketed(t: Any) -> Any:
-    """``t``, or its bucketed twin (eager/buckets.py) when it is a 1-d upload that has one:
-    ids uploaded at varying lengths are then read padded on the device, with no trip of
-    theirs through the host."""
-    twin = buckets.bucketed_twin(t) if isinstance(t, torch.Tensor) and t.device.type == "tpu" else None
-    return t if twin is None else twin
+class PaddedCall(NamedTuple):
+    """A call of a bucketed graph: each symbol's true length, the inputs padded."""
+
+    lengths: list[int]
+    args: list[Any]
 
 
-def eager_rows(t: Any, d: int) -> int | None:
-    """The rows of ``t``'s eager-bucketed storage when dim ``d`` walks its live rows, else None."""
-    if not isinstance(t, torch.Tensor) or t.device.type != "tpu":
+class _Read(NamedTuple):
+    """A dynamic input as the padded program reads it."""
+
+    tensor: Any  # the input, or the bucketed twin of its uploaded ids
+    rows: list[int | None]  # per dynamic dim (tensor_dims order): its eager-bucketed storage's rows (_read)
+
+
+def _read(t: Any, dims: list[tuple[int, int]]) -> _Read:
+    """How dynamic input ``t`` is read: from its bucketed twin (eager/buckets.py) when it is
+    a 1-d upload that has one -- ids uploaded at varying lengths are then read padded on
+    the device, with no trip of theirs through the host -- and, per dim of ``dims``, the
+    rows of the eager-bucketed storage it reads when that dim walks the storage's live
+    rows (else None). One pass per input: its storage is looked up once."""
+    cell = _tpu_cell(t)
+    twin = buckets.bucketed_twin(t) if cell is not None and buckets._TWINS else None
+    if twin is not None:
+        t, cell = twin, twin.untyped_storage()._cell
+    b = None if cell is None else buckets.bucket_of(cell)
+    if b is None:
+        return _Read(t, [None] * len(dims))
+    return _Read(t, [b.cap if b.n == t.shape[d] and buckets.dynamic_dim(t, b) == d else None for d, _ in dims])
+
+
+def _tpu_cell(t: Any) -> Any:
+    """The storage cell of a tpu tensor; None for anything else."""
+    if not isinstance(t, torch.Tensor):
         return None
-    from ..tensor.storage import cell_of
-
-    b = buckets.bucket_of(cell_of(t))
-    return b.cap if b is not None and b.n == t.shape[d] and buckets.dynamic_dim(t, b) == d else None
+    try:
+        return t.untyped_storage()._cell
+    except AttributeError:  # a CPU tensor's storage has no cell
+        return None
 
 
 def mark_rows(t: torch.Tensor, n: int, d: int) -> None:

@@ -76,7 +76,7 @@ GRAPHS: weakref.WeakSet = weakref.WeakSet()  # every live CompiledGraph (tests, 
 class Program:
     """One compiled storage program of a graph and how to read its results."""
 
-    __slots__ = ("storage", "outputs", "n_random")
+    __slots__ = ("storage", "outputs", "n_random", "dynamic_dims")
 
     def __init__(self, storage: StorageProgram | None, outputs: list[tuple], n_random: int):
         self.storage = storage  # None: the graph computes nothing (its outputs are inputs, views, constants)
@@ -84,6 +84,7 @@ class Program:
         # | ("view", i, ((view op, its other args, kwargs), ...)): views of input i
         self.outputs = outputs
         self.n_random = n_random  # RNG states the program consumes
+        self.dynamic_dims: list[list[tuple[int, Any]]] | None = None  # per output, of a bucketed graph (_dynamic_dims)
 
 
 class _Lowered(NamedTuple):
@@ -447,6 +448,20 @@ def _static(meta: Any) -> bool:
     return isinstance(meta, torch.Tensor) and not has_free_symbols(meta)
 
 
+def _dynamic_dims(spec: tuple, symbols: list[Any]) -> list[tuple[int, Any]]:
+    """The dims of a bucketed program's output whose true length the call decides: per
+    such dim, the index of its symbol in ``symbols``, or the size expression over them.
+    Empty for an output that is not "new" or has only static sizes (it is returned as the
+    program made it)."""
+    if spec[0] != "new" or len(spec) <= 5 or spec[5] is None:
+        return []
+    dims: list[tuple[int, Any]] = []
+    for d, e in enumerate(spec[5]):
+        if getattr(e, "free_symbols", None):
+            dims.append((d, symbols.index(e) if e in symbols else e))
+    return dims
+
+
 class CompiledGraph:
     """Callable (boxed convention) that runs ``gm`` as XLA programs on tpu tensors."""
 
@@ -493,9 +508,8 @@ class CompiledGraph:
         args.clear()  # boxed: let AOTAutograd's references to the inputs die
         lengths = None
         if self.plan is not None:
-            lengths = self.plan.lengths(args_l)
-            buckets = self.plan.buckets(args_l, lengths)
-            unpadded, args_l = args_l, self.plan.pad_args(args_l, buckets)
+            unpadded = args_l
+            lengths, args_l = self.plan.pad(args_l)
         call = _collect(args_l, self.name)
         if lengths is not None:
             call.scalars.extend(device_scalar(n, int, np.int32) for n in lengths)
@@ -521,21 +535,23 @@ class CompiledGraph:
         """Outputs with dynamic dims: views of their first ``n`` rows (over the padded
         storage); an input returned as it is (a size a forward saves for its backward) is
         the caller's own, not its padded or bucketed stand-in."""
-        subs = dict(zip(self.plan.symbols, lengths))
+        if prog.dynamic_dims is None:
+            prog.dynamic_dims = [_dynamic_dims(spec, self.plan.symbols) for spec in prog.outputs]
         out = []
-        for spec, r in zip(prog.outputs, results):
+        for spec, dims, r in zip(prog.outputs, prog.dynamic_dims, results):
             if spec[0] == "input":
                 r = args[spec[1]]
             elif spec[0] == "view":  # of the caller's input, not of its padded stand-in
                 r = self._view(spec, args)
-            elif spec[0] == "new" and len(spec) > 5 and spec[5] is not None and isinstance(r, torch.Tensor):
-                sizes = [int(e.xreplace(subs)) if hasattr(e, "xreplace") else int(e) for e in spec[5]]
-                padded = tuple(r.shape)
+            elif dims and isinstance(r, torch.Tensor):
+                sizes = list(r.shape)
+                for d, size in dims:
+                    sizes[d] = lengths[size] if isinstance(size, int) else int(size.xreplace(dict(zip(self.plan.symbols, lengths))))
+                grown = [d for d, _ in dims if sizes[d] != r.shape[d]]
                 # a tensor of its own over the padded storage, not a view: AOTAutograd calls
                 # this under no_grad, and an in-place op on a view made there is an error
                 # (SwitchTransformers' ``index_add_`` into a compiled ``zeros_like``)
                 r = new_tensor(cell_of(r), sizes, r.stride(), 0, r.dtype)
-                grown = [d for d, (a, b) in enumerate(zip(sizes, padded)) if a != b]
                 if len(grown) == 1:  # eager ops that read it run padded too (eager/buckets.py)
                     mark_rows(r, sizes[grown[0]], grown[0])
             out.append(r)

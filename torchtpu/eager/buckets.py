@@ -37,10 +37,12 @@ import math
 import weakref
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten
 
 from ..lowering.strided import contiguous_strides
+from ..stablehlo.types import host_numpy
 from ..tensor.storage import Cell, new_tensor
 from .growth import capacity
 from .plan import KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
@@ -142,19 +144,32 @@ def upload(t: torch.Tensor, to_device: Any) -> torch.Tensor | None:
     ``to_device(array)`` puts a numpy array on the device."""
     if t.dim() == 0 or t.is_conj() or t.is_neg():
         return None
-    n = t.shape[0]
+    padded = padded_rows(host_numpy(t.detach().contiguous()))
+    return None if padded is None else upload_padded(padded, t.shape[0], t.dtype, to_device)
+
+
+def padded_rows(arr: np.ndarray) -> np.ndarray | None:
+    """A copy of host array ``arr`` with zero rows after it up to its bucket's rows, or
+    None when its length is its bucket's size already (numpy: a few microseconds, where
+    torch's zeros and a slice copy took several times that on every twin's upload)."""
+    n = arr.shape[0]
     cap = rows(n)
     if cap == n:
         return None
-    host = t.detach().contiguous()
-    row = math.prod(host.shape[1:])
-    padded = torch.zeros((cap, *host.shape[1:]), dtype=host.dtype)
-    padded[:n] = host
-    cell = Cell(cap * row, t.dtype, to_device(padded), (cap, *host.shape[1:]))
-    mark(cell, Bucket(n, cap, row))
+    padded = np.zeros((cap, *arr.shape[1:]), arr.dtype)
+    padded[:n] = arr
+    return padded
+
+
+def upload_padded(padded: np.ndarray, n: int, dtype: torch.dtype, to_device: Any) -> torch.Tensor:
+    """A tensor of ``n`` rows over a bucketed storage holding ``padded`` (``padded_rows``)."""
+    shape = (n, *padded.shape[1:])
+    row = math.prod(padded.shape[1:])
+    cell = Cell(padded.size, dtype, to_device(padded), padded.shape)
+    mark(cell, Bucket(n, padded.shape[0], row))
     # row-major strides even where a dim of size 0 or 1 leaves them free (nonzero's
     # (1, 2) result has strides (1, 1)): dynamic_dim finds the rows by their stride
-    return new_tensor(cell, tuple(host.shape), contiguous_strides(host.shape), 0, t.dtype)
+    return new_tensor(cell, shape, contiguous_strides(shape), 0, dtype)
 
 
 # -- ids a user uploads: an exact storage, and a bucketed twin ---------------------------------
@@ -166,22 +181,24 @@ _TWIN_MAX_ROWS = 1 << 20  # past this a second copy on the device costs more tha
 
 
 class _Twin:
-    """The bucketed copy of an uploaded storage: uploaded from a host copy the first time a
-    padded op reads it (an upload that no padded op reads costs no second transfer), and
-    valid while the storage still holds the buffer it was uploaded with (XLA buffers are
-    immutable: any write replaces it)."""
+    """The bucketed copy of an uploaded storage: uploaded from a padded host copy the first
+    time a padded op reads it (an upload that no padded op reads costs no second transfer),
+    and valid while the storage still holds the buffer it was uploaded with (XLA buffers
+    are immutable: any write replaces it)."""
 
-    __slots__ = ("buf", "host", "to_device", "twin")
+    __slots__ = ("buf", "host", "n", "dtype", "to_device", "twin")
 
-    def __init__(self, buf: Any, host: torch.Tensor, to_device: Any) -> None:
+    def __init__(self, buf: Any, host: np.ndarray, n: int, dtype: torch.dtype, to_device: Any) -> None:
         self.buf = buf
-        self.host: torch.Tensor | None = host
+        self.host: np.ndarray | None = host  # padded_rows of the upload
+        self.n = n
+        self.dtype = dtype
         self.to_device = to_device
         self.twin: torch.Tensor | None = None
 
     def tensor(self) -> torch.Tensor | None:
         if self.host is not None:
-            self.twin, self.host = upload(self.host, self.to_device), None
+            self.twin, self.host = upload_padded(self.host, self.n, self.dtype, self.to_device), None
         return self.twin
 
 
@@ -200,18 +217,18 @@ def varies(dtype: torch.dtype, n: int) -> bool:
     return first == VARYING
 
 
-def add_twin(t: torch.Tensor, host: torch.Tensor, to_device: Any) -> None:
-    """Give uploaded tensor ``t`` (a copy of 1-d CPU tensor ``host``, in a storage of its
-    own size: what PyTorch's ``untyped_storage()`` shows) a bucketed twin, when uploads of
-    its length vary: ops that read ``t`` and run padded read the twin instead
+def add_twin(t: torch.Tensor, host: np.ndarray, to_device: Any) -> None:
+    """Give uploaded tensor ``t`` (a copy of the 1-d host array ``host`` of a tensor that
+    needs no gradient, in a storage of its own size: what PyTorch's ``untyped_storage()``
+    shows) a bucketed twin, when uploads of its length vary: ops that read ``t`` and run padded read the twin instead
     (``plan_padded``), so a new total of ids compiles nothing."""
     n = host.shape[0]
-    if n > _TWIN_MAX_ROWS or rows(n) == n or host.requires_grad or not varies(host.dtype, n):
+    if n > _TWIN_MAX_ROWS or rows(n) == n or not varies(t.dtype, n):
         return
     cell = t.untyped_storage()._cell
     key = id(cell)
-    # a copy: the user may change their CPU tensor before a padded op reads the twin
-    twin = _Twin(cell._buf, host.detach().clone(), to_device)
+    # a copy (padded_rows): the user may change their CPU tensor before a padded op reads the twin
+    twin = _Twin(cell._buf, padded_rows(host), n, t.dtype, to_device)
     _TWINS[key] = (weakref.ref(cell, lambda _: _TWINS.pop(key, None)), twin)
 
 

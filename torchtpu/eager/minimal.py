@@ -60,15 +60,14 @@ def from_cpu(t: torch.Tensor, keep_layout: bool = False) -> torch.Tensor:
     metrics.add("h2d_bytes", arr.nbytes)
     metrics.add("h2d_transfers")
     out = new_tensor(Cell(arr.size, t.dtype, buf, arr.shape), sizes, strides, 0, t.dtype)
-    if t.dim() == 1:  # ids of varying length get a bucketed twin (buckets.add_twin)
+    if t.dim() == 1 and not t.requires_grad:  # ids of varying length get a bucketed twin (buckets.add_twin)
         from .buckets import add_twin
 
-        add_twin(out, t, _put_counted)
+        add_twin(out, arr, _put_counted)
     return out
 
 
-def _put_counted(host: torch.Tensor) -> Any:
-    arr = _host_array(host)
+def _put_counted(arr: np.ndarray) -> Any:
     metrics.add("h2d_bytes", arr.nbytes)
     metrics.add("h2d_transfers")
     return _put(arr)
