@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import torchtpu
+from torchtpu import _registration
 
 
 def test_device_module_basics():
@@ -42,8 +43,7 @@ def test_accelerator_agrees():
 def test_the_device_guard_answers_for_tpu_0():
     """What the device guard tells PyTorch (the C++ one of csrc/hooks.cpp where built, the
     Python one otherwise): one device, tpu:0, its default stream, and a backward whose
-    engine asks it for every node. (Events are torch.tpu.Event's; the generic torch.Event
-    raises "Backend doesn't support synchronizing events", as it did with the Python guard.)"""
+    engine asks it for every node. (Events: test_generic_events_and_streams_are_the_devices.)"""
     assert torch.accelerator.current_device_index() == 0
     torch.accelerator.set_device_index(0)
     with torch.accelerator.device_index(0):
@@ -125,6 +125,17 @@ def test_is_available_does_not_start_the_device():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
+def _generic_event(enable_timing: bool = False) -> torch.Event:
+    if not _registration.NATIVE_HOOKS:
+        pytest.skip("torch.Event reaches the device through the C++ device guard (csrc/hooks.cpp), not built here")
+    return torch.Event(device="tpu", enable_timing=enable_timing)
+
+
+# torch.tpu.Event (torch.cuda.Event's API) and PyTorch's device-generic torch.Event, which
+# asks the device guard: both mark, query, wait for and time the device's work alike
+EVENTS = {"torch.tpu.Event": torch.tpu.Event, "torch.Event": _generic_event}
+
+
 def test_streams_and_events_as_cuda_code_uses_them():
     """CUDA-style code runs unchanged: a side stream, an event marking work, waiting on it."""
     s = torch.tpu.Stream()
@@ -142,24 +153,72 @@ def test_streams_and_events_as_cuda_code_uses_them():
     torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu(), rtol=1.3e-6 * 256, atol=1e-4)
 
 
-def test_event_marks_deferred_work():
+def _pending_work() -> torch.Tensor:
+    """About a second of device work, enqueued: not finished when the call returns."""
+    x = torch.randn(1024, 1024, device="tpu") / 32
+    (x @ x).sum().item()  # compiled and warm
+    y = x
+    for _ in range(25):
+        y = y @ x
+    return y
+
+
+def _finished(t: torch.Tensor) -> bool:
+    from torchtpu.runtime import pjrt
+
+    return pjrt.Runtime.is_ready(t.untyped_storage()._cell.buf)
+
+
+@pytest.mark.parametrize("kind", EVENTS)
+def test_an_event_marks_the_work_enqueued_before_it(kind: str):
+    """``query()`` is False while the work before the mark runs and True once it is done;
+    ``synchronize()`` waits for exactly that (torch.Event used to answer True at once and
+    to refuse synchronize())."""
+    e = EVENTS[kind]()
+    assert e.query()  # not recorded: nothing to wait for
+    y = _pending_work()
+    e.record()
+    assert not e.query() and not _finished(y)
+    e.synchronize()
+    assert e.query() and _finished(y)
+
+
+def test_generic_streams_are_the_devices_queue():
+    """``torch.Stream(device="tpu")`` is the device's one in-order queue: it records events
+    on it, and ``query``/``synchronize`` see the work enqueued so far."""
+    _generic_event()  # skips without the C++ guard
+    s = torch.Stream(device="tpu")
+    assert s.device == torch.device("tpu", 0) and s == torch.accelerator.current_stream()
+    y = _pending_work()
+    assert not s.query()
+    s.synchronize()
+    assert s.query() and _finished(y)
+    e = s.record_event()
+    e.wait(s)
+    e.synchronize()
+    assert e.query()
+
+
+@pytest.mark.parametrize("kind", EVENTS)
+def test_event_marks_deferred_work(kind: str):
     """Under DeferAndFuse the pending graph runs at record(), so the mark covers it."""
     x = torch.ones(8, device="tpu")
     with torchtpu.eager_mode("defer_and_fuse"):
         y = (x * 3).sum()
-        e = torch.tpu.Event()
+        e = EVENTS[kind]()
         e.record()
     e.synchronize()
     assert e.query() and y.item() == 24.0
 
 
-def test_event_timing_measures_the_work_between_records():
+@pytest.mark.parametrize("kind", EVENTS)
+def test_event_timing_measures_the_work_between_records(kind: str):
     """``start.elapsed_time(end)`` in milliseconds: more work between the marks takes longer."""
     x = torch.randn(512, 512, device="tpu")
     (x @ x).sum().item()  # compiled and warm
 
     def timed(n: int) -> float:
-        start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+        start, end = EVENTS[kind](enable_timing=True), EVENTS[kind](enable_timing=True)
         start.record()
         y = x
         for _ in range(n):
@@ -172,12 +231,18 @@ def test_event_timing_measures_the_work_between_records():
     assert 0 < one < many
 
 
-def test_event_timing_errors_like_cuda():
-    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+# torch.cuda.Event's errors are RuntimeErrors; PyTorch's generic torch.Event checks the
+# same two things itself, before asking the device, and raises ValueError on every device
+TIMING_ERRORS = {"torch.tpu.Event": RuntimeError, "torch.Event": ValueError}
+
+
+@pytest.mark.parametrize("kind", EVENTS)
+def test_event_timing_errors_like_cuda(kind: str):
+    start, end = EVENTS[kind](enable_timing=True), EVENTS[kind](enable_timing=True)
     start.record()
-    with pytest.raises(RuntimeError, match="Both events must be recorded"):
+    with pytest.raises(TIMING_ERRORS[kind], match="Both events must be recorded"):
         start.elapsed_time(end)
-    plain = torch.tpu.Event()
+    plain = EVENTS[kind]()
     plain.record()
-    with pytest.raises(RuntimeError, match="enable_timing=True"):
+    with pytest.raises(TIMING_ERRORS[kind], match="enable_timing=True"):
         start.elapsed_time(plain)

@@ -177,7 +177,9 @@ def _install_native_hooks() -> bool:
         from . import _hooks  # type: ignore[attr-defined]
     except ImportError:
         return False
-    _hooks.install()
+    from .device import streams
+
+    _hooks.install(streams)
     return True
 
 

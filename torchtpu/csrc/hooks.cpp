@@ -20,6 +20,9 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <cstring>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
 #include <mutex>
 #include <unordered_set>
 
@@ -166,6 +169,70 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
 // The device guard of one device with one in-order queue: what torch._C._acc.DeviceGuard
 // does, without the call into Python (device tpu:0, the default stream, events that are
 // always complete: the program order is the device's order).
+// torchtpu.device.streams, which answers what the guard is asked about work on the
+// device: PyTorch's generic `torch.Event(device="tpu")` and `torch.Stream(device="tpu")`
+// reach the device only through the guard. Set by install(); a strong reference.
+PyObject* g_streams = nullptr;
+
+// Call `g_streams.<name>(args)`, the GIL held; a Python exception becomes a C++ one with
+// its type and message, which PyTorch's binding raises as a RuntimeError.
+PyObject* callStreams(const char* name, PyObject* args) {
+  PyObject* fn = PyObject_GetAttrString(g_streams, name);
+  PyObject* result = fn == nullptr ? nullptr : PyObject_CallObject(fn, args);
+  Py_XDECREF(fn);
+  if (result == nullptr) {
+    PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+    PyErr_Fetch(&type, &value, &traceback);  // PyErr_GetRaisedException is Python 3.12+
+    PyErr_NormalizeException(&type, &value, &traceback);
+    PyObject* text = value == nullptr ? nullptr : PyObject_Str(value);
+    const char* message = text == nullptr ? nullptr : PyUnicode_AsUTF8(text);
+    // a plain RuntimeError keeps its words as they are (PyTorch raises a RuntimeError);
+    // any other type is named in front of them (torchtpu.TpuAsyncError: ...)
+    std::string what = message ? message : "";
+    if (value == nullptr || Py_TYPE(value) != reinterpret_cast<PyTypeObject*>(PyExc_RuntimeError)) {
+      what = std::string(value == nullptr ? "Error" : Py_TYPE(value)->tp_name) + ": " + what;
+    }
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    PyErr_Clear();
+    throw std::runtime_error(what);
+  }
+  return result;
+}
+
+// `g_streams.<name>(*args)` under the GIL, its result read by `read` (which may not
+// throw). The arguments are borrowed; the tuple is built once the GIL is held.
+template <typename T, typename Read>
+T withStreams(const char* name, std::initializer_list<PyObject*> args, Read read) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
+  Py_ssize_t i = 0;
+  for (PyObject* arg : args) {
+    Py_INCREF(arg);
+    PyTuple_SET_ITEM(tuple, i++, arg);
+  }
+  try {
+    PyObject* result = callStreams(name, tuple);
+    T value = read(result);
+    Py_DECREF(result);
+    Py_DECREF(tuple);
+    PyGILState_Release(gil);
+    return value;
+  } catch (...) {
+    Py_DECREF(tuple);
+    PyGILState_Release(gil);
+    throw;
+  }
+}
+
+bool truthy(PyObject* o) { return PyObject_IsTrue(o) == 1; }
+
+// The device guard. One device, one in-order queue: every stream is the default stream
+// and blocking a stream on an event has nothing to order. An event is a
+// torchtpu.device.streams.Event recorded by `guard_record_event` (its pointer is a strong
+// reference to it), so torch.Event and torch.tpu.Event mark, query, wait and time alike.
 struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
   c10::DeviceType type() const override { return kType; }
@@ -177,19 +244,53 @@ struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream getNewStream(c10::Device, int) const override { return defaultStream(); }
   c10::Stream exchangeStream(c10::Stream) const noexcept override { return defaultStream(); }
   c10::DeviceIndex deviceCount() const noexcept override { return 1; }
-  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+
+  void record(void** event, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag flag) const override {
+    // torch.Event(enable_timing=True) asks for the backend's default flag: a timing event
+    PyObject* timing = flag == c10::EventFlag::BACKEND_DEFAULT ? Py_True : Py_False;
+    PyObject* fresh = withStreams<PyObject*>("guard_record_event", {timing}, [](PyObject* r) {
+      Py_INCREF(r);
+      return r;
+    });
+    if (*event != nullptr) destroyEvent(*event, 0);  // re-recorded: the old mark goes
+    *event = fresh;
+  }
   void block(void*, const c10::Stream&) const override {}
-  bool queryEvent(void*) const override { return true; }
-  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
-  bool queryStream(const c10::Stream&) const override { return true; }
-  void synchronizeStream(const c10::Stream&) const override {}
+  bool queryEvent(void* event) const override {
+    return event == nullptr || withStreams<bool>("guard_query_event", {static_cast<PyObject*>(event)}, truthy);
+  }
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) {
+      withStreams<bool>("guard_synchronize_event", {static_cast<PyObject*>(event)}, truthy);
+    }
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr, "Both events must be recorded before calculating elapsed time.");
+    return withStreams<double>(
+        "guard_elapsed_time", {static_cast<PyObject*>(start), static_cast<PyObject*>(end)},
+        [](PyObject* r) { return PyFloat_AsDouble(r); });
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    if (event == nullptr || !Py_IsInitialized()) return;  // at exit the interpreter has freed it
+    PyGILState_STATE gil = PyGILState_Ensure();
+    Py_DECREF(static_cast<PyObject*>(event));
+    PyGILState_Release(gil);
+  }
+  bool queryStream(const c10::Stream&) const override { return withStreams<bool>("guard_query_stream", {}, truthy); }
+  void synchronizeStream(const c10::Stream&) const override { synchronizeDevice(0); }
+  void synchronizeDevice(const c10::DeviceIndex) const override {
+    withStreams<bool>("guard_synchronize", {}, [](PyObject*) { return true; });
+  }
 
  private:
   static c10::Stream defaultStream() { return c10::Stream(c10::Stream::DEFAULT, c10::Device(kType, 0)); }
 };
 
-PyObject* install(PyObject*, PyObject*) {
+PyObject* install(PyObject*, PyObject* streams) {
   try {
+    Py_INCREF(streams);
+    Py_XDECREF(g_streams);
+    g_streams = streams;
     at::RegisterPrivateUse1HooksInterface(new TpuHooks());
     if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::PrivateUse1)) {
       static TpuGuard guard;
@@ -203,7 +304,9 @@ PyObject* install(PyObject*, PyObject*) {
 }
 
 PyMethodDef methods[] = {
-    {"install", install, METH_NOARGS, "Register the tpu device's C++ hooks and device guard (once, before any Python ones)."},
+    {"install", install, METH_O,
+     "install(streams): register the tpu device's C++ hooks and device guard (once, before any Python ones); "
+     "the guard asks the module `streams` (torchtpu.device.streams) about events and the device's queue."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -144,3 +144,33 @@ def set_stream(stream: Stream) -> None:
 def stream(s: Stream | None) -> Iterator[None]:
     """``with torch.tpu.stream(s):``: work inside runs on the device's one queue."""
     yield
+
+
+# -- PyTorch's generic torch.Event / torch.Stream on "tpu" -------------------------------------
+# The C++ device guard (csrc/hooks.cpp: TpuGuard) asks these: an event it records is an
+# Event of this module, so torch.Event(device="tpu") and torch.tpu.Event behave alike.
+def guard_record_event(timing: bool) -> Event:
+    event = Event(enable_timing=timing)
+    event.record()
+    return event
+
+
+def guard_query_event(event: Event) -> bool:
+    return event.query()
+
+
+def guard_synchronize_event(event: Event) -> bool:
+    event.synchronize()
+    return True
+
+
+def guard_elapsed_time(start: Event, end: Event) -> float:
+    return start.elapsed_time(end)
+
+
+def guard_query_stream() -> bool:
+    return _DEFAULT.query()
+
+
+def guard_synchronize() -> None:
+    _DEFAULT.synchronize()
