@@ -76,6 +76,7 @@ class _Spec(NamedTuple):
     rebuild: Callable[[list], Any] | None  # the new results (flat) as the op's plain returns; None: a flat list
     updates: list[int]  # call slots the op rewrites
     buffer_shapes: list  # per new result, its storage's buffer shape (strided.buffer_shape); None for an absent one
+    checked: bool  # its program reports device-side checks: the node keeps the user's line to blame
 
 
 class _Compiled:
@@ -216,7 +217,9 @@ def _graph() -> Graph:
 # --------------------------------------------------------------------------
 def _graph_for(cells: list[Cell], key: tuple) -> Graph:
     """The graph the next op (``key``, reading ``cells``) is recorded into."""
-    g = _graph()
+    g = _local.graph  # _graph(), inlined: once per op
+    if g is None or g.flushed:
+        g = _graph()
     if not g.nodes and torch._C._current_graph_task_id() != -1:
         g = _join_forward_graph(g, cells)
     if len(g.nodes) >= MIN_REPEAT and key is not None and g.nodes[0].key == key:
@@ -235,24 +238,25 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple, generator: to
     g = _graph_for(call.cells, key)
     spec = _SPECS.get(key)
     if spec is None:
-        spec = _SPECS[key] = _spec(plan, values, call, key)
-    specs, rebuild, updates, shapes = spec.outputs, spec.rebuild, spec.updates, spec.buffer_shapes
-    gslots = tuple(g.slot(c) for c in call.cells)
+        spec = _SPECS[key] = _spec(plan, values, call)
+    slot = g.slot
+    gslots = tuple([slot(c) for c in call.cells])
     lvalues = [
         None if k == KIND_TENSOR_LIST or (k == KIND_TENSOR and isinstance(v, torch.Tensor)) else v
         for k, v in zip(plan.kinds, values)
     ]
     node = _Node(plan, key, lvalues, gslots, call.scalar_types)
-    node.out_specs = specs
+    specs = node.out_specs = spec.outputs
     padded = call.padded
     if padded is not None:
         node.padded_key = padded.key
-    if key in _CHECKED:
+    if spec.checked:
         node.where = checks.user_source_line()
     g.operands.extend(call.scalars)
     if plan.random:
         g.operands.append(rng.next_state_buffer(generator))
     new = []
+    shapes = spec.buffer_shapes
     for i, s in enumerate(specs):
         if s is None:
             new.append(None)
@@ -260,12 +264,12 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple, generator: to
         cell, idx = g.new_cell(s[3], s[2], shapes[i] if padded is None else None)
         node.out_gslots.append(idx)
         new.append(new_tensor(cell, s[0], s[1], 0, s[2]) if padded is None else padded.result(cell, s, padded.out_dims[i]))
-    for slot in updates:
-        cell = call.cells[slot]
+    for i in spec.updates:
+        cell = call.cells[i]
         cell.lazy = g
-        g.written[gslots[slot]] = None
+        g.written[gslots[i]] = None
     _append_node(g, node, key)
-    result = plan.returns(values, new if rebuild is None else rebuild(new))
+    result = plan.returns(values, new if spec.rebuild is None else spec.rebuild(new))
     if len(g.nodes) >= MAX_NODES:
         _flush_graph(g, "size")
     return result
@@ -361,16 +365,14 @@ def _join_forward_graph(g: Graph, cells: list[Cell]) -> Graph:
     return g
 
 
-def _spec(plan: OpPlan, values: list[Any], call: Any, key: tuple) -> _Spec:
+def _spec(plan: OpPlan, values: list[Any], call: Any) -> _Spec:
     """Output specs and rewritten slots of a call never seen before, by lowering it once
     on its own (not compiled): this also raises NotImplementedError at the op itself,
     and learns whether its program reports device-side checks."""
     validate.check(plan, values)  # the CPU's metadata checks, once per op key
     pb, low = lower_single(plan, values, call)
-    if pb.ctx.checks:
-        _CHECKED.add(key)
     shapes = [None if s is None else buffer_shape(s[0], s[1], s[3]) for s in low.specs]
-    return _Spec(low.specs, low.rebuild(), list(low.updates), shapes)
+    return _Spec(low.specs, low.rebuild(), list(low.updates), shapes, bool(pb.ctx.checks))
 
 
 def _hook_backward(g: Graph) -> None:
@@ -379,10 +381,10 @@ def _hook_backward(g: Graph) -> None:
     called ``backward()`` records the optimizer step into it next. Without the engine's
     threads (``torch.autograd.set_multithreading_enabled(False)``, torchtpu's default for
     the thread that imports torch) the caller's own graph records the backward: it goes on."""
-    if g.owner != threading.get_ident():
+    if not torch._C._is_multithreading_enabled() or g.owner != threading.get_ident():
         return
     task = torch._C._current_graph_task_id()
-    if task == -1 or g.hooked_backward == task or not torch._C._is_multithreading_enabled():
+    if task == -1 or g.hooked_backward == task:
         return
     g.hooked_backward = task
     torch.autograd.Variable._execution_engine.queue_callback(lambda: _flush_graph(g, "backward"))
@@ -391,7 +393,12 @@ def _hook_backward(g: Graph) -> None:
 # --------------------------------------------------------------------------
 # flushing
 # --------------------------------------------------------------------------
-_CHECKED: set[tuple] = set()  # op keys whose lowering reports device-side checks
+def _mark_checked(key: tuple) -> None:
+    """The op of ``key`` reported device-side checks inside a graph though not alone: its
+    later records keep the user's line too."""
+    spec = _SPECS.get(key)
+    if spec is not None and not spec.checked:
+        _SPECS[key] = spec._replace(checked=True)
 
 
 def flush(reason: str = "explicit") -> None:
@@ -532,7 +539,7 @@ def _compile(g: Graph, live: list[int], donated: tuple[int, ...]) -> _Compiled:
         before = len(pb.ctx.checks)
         _lower_node(pb.ctx, g, node, values)
         if len(pb.ctx.checks) > before:
-            _CHECKED.add(node.key)
+            _mark_checked(node.key)
             blame_nodes.extend([n] * (len(pb.ctx.checks) - before))
     results = [(idx, values[idx], g.kinds[idx][3]) for idx in live]
     donate = [g.input_slots[i] for i in donated]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from ..runner.program import OutputSpec, ProgramBuilder, StorageProgram, device_
 from ..runtime import pjrt
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, eager_keys, new_tensor
-from . import buckets, growth, modes, rng, scalar_range, validate
+from . import buckets, deferred, growth, modes, rng, scalar_range, validate
 from .oplower import RUNTIME_OFFSET, lifted, lower_single
 from .plan import (
     KIND_SCALAR,
@@ -111,7 +111,7 @@ class _Call:
         self.scalars: list[Any] = []
         self.scalar_types: list[type | str] = []
 
-    def device_tensors(self, ts: list[torch.Tensor | None]) -> tuple | None:
+    def device_tensors(self, ts: Sequence[torch.Tensor | None]) -> tuple | None:
         """The key entries of ``ts`` (None stays None), ``tensor``'s in C++: None where it is
         not built, the call runs padded, or one of ``ts`` is not a tpu tensor (then nothing is
         recorded) or has no device buffer (which ``tensor`` raises for)."""
@@ -119,7 +119,7 @@ class _Call:
             return None
         offsets: list[int] = []
         entries = eager_keys(ts, self.cells, self.slot_of, self.tensors, RUNTIME_OFFSET, offsets)
-        if entries is not None:
+        if offsets and entries is not None:
             for offset in offsets:
                 self.scalars.append(device_scalar(offset, int))
                 self.scalar_types.append(RUNTIME_OFFSET)
@@ -177,7 +177,7 @@ def _collect(plan: OpPlan, values: list[Any], padded: buckets.Padded | None = No
             if v is None:
                 key.append(None)
             elif isinstance(v, torch.Tensor):
-                entries = call.device_tensors([v])
+                entries = call.device_tensors((v,))
                 if entries is None:
                     if v.device.type != "tpu":  # a CPU 0-d tensor is moved (as CUDA does); others raise
                         v = values[i] = _to_device_scalar_tensor(v)
@@ -225,8 +225,6 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
             if op_report.recorder is not None:
                 _report(plan)
             if mode == modes.DEFER:
-                from . import deferred
-
                 return deferred.record_append(append, _int_operand)
             return growth.run_append(append, run_utility, _int_operand)
     if plan.out_positions:
@@ -247,8 +245,6 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     if donate:
         key = key + (("donate", donate),)
     if mode == modes.DEFER:
-        from . import deferred
-
         try:
             out = deferred.record(plan, values, call, key, generator)
         except NotImplementedError:
@@ -332,8 +328,6 @@ def synchronize() -> None:
     """Run pending deferred work, wait for every enqueued program, surface async errors."""
     if not pjrt.started():
         return
-    from . import deferred
-
     deferred.flush("synchronize")
     bufs = take_pending()
     pjrt.get().block(bufs)

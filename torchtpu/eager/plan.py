@@ -112,6 +112,7 @@ class OpPlan:
         self.n_plain = sum(1 for r in schema.returns if not (r.alias_info is not None and r.alias_info.is_write))
         self.return_sources = self._return_sources(schema)
         self.single_return = len(schema.returns) == 1
+        self.returns_one_new = self.return_sources == [("new", 0)]  # most ops: ``returns`` is plain[0]
         self.lift_scalars = functional in registry.RULES and functional not in registry.STATIC_SCALARS
         # sum(x, 0, out=long_tensor): the CPU computes in out's dtype when dtype= is not given
         self.dtype_from_out = bool(self.out_positions) and schema.name.split("::")[1] in _DTYPE_FROM_OUT
@@ -182,6 +183,8 @@ class OpPlan:
         return out
 
     def returns(self, values: list[Any], plain: list[Any]) -> Any:
+        if self.returns_one_new:
+            return plain[0]
         res = [values[i] if kind == "arg" else plain[i] for kind, i in self.return_sources]
         if not res:
             return None
