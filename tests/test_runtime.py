@@ -36,11 +36,12 @@ def test_adapter_smoke():
         '  "func.return"(%0) : (tensor<4xf32>) -> () } }',
         "smoke",
     )
-    (out,) = rt.execute(exe, [buf])
-    rt.block([out])
-    assert rt.to_numpy(out).tolist() == [0.0, 2.0, 4.0, 6.0]
+    handlers = rt.result_handlers([((4,), np.dtype(np.float32))])
+    (out,), done = rt.execute(exe, [buf], handlers)
+    rt.wait([done])
+    assert rt.is_ready(out) and rt.to_numpy(out).tolist() == [0.0, 2.0, 4.0, 6.0]
     blob = rt.serialize(exe)
-    (again,) = rt.execute(rt.deserialize(blob), [buf])
+    (again,), _ = rt.execute(rt.deserialize(blob), [buf], handlers)
     assert rt.to_numpy(again).tolist() == [0.0, 2.0, 4.0, 6.0]
 
 
@@ -160,22 +161,38 @@ def test_every_environment_variable_is_documented_in_the_readme():
     assert not missing, f"document these in README.md's environment table: {missing}"
 
 
-def test_synchronize_waits_for_one_live_result_per_execution():
-    """torch.tpu.synchronize() waits for every execution through one result of each (they
-    become ready together): a freed or donated result gives way to the next one."""
+def test_synchronize_waits_for_every_execution_even_with_its_results_gone():
+    """torch.tpu.synchronize() waits for every enqueued execution, as CUDA's waits for
+    every kernel: one whose outputs were all dropped at once (``model(x)`` in a timing
+    loop) too. Each is waited for through its runtime token, which holds no result (the
+    donation checks count a buffer's references)."""
     from torchtpu.runner import program
-    from torchtpu.tensor.storage import cell_of
+    from torchtpu.runtime import pjrt
 
     x = torch.randn(64, 8, device="tpu")
     torch.tpu.synchronize()
     executions = torchtpu.metrics.snapshot()["executions"]
     values, indices = x.max(dim=1)  # one program, two results
+    del values, indices
     assert torchtpu.metrics.snapshot()["executions"] == executions + 1
-    (waited,) = program.take_pending()
-    assert waited is cell_of(values).buf
-    values, indices = x.max(dim=1)
-    del values
-    (waited,) = program.take_pending()
-    assert waited is cell_of(indices).buf
-    assert program.take_pending() == []
-    torch.testing.assert_close(indices.cpu(), x.cpu().max(dim=1).indices)
+    pending = program.take_pending()
+    assert len(pending) == 1 and program.take_pending() == []
+    pjrt.get().wait(pending)
+
+
+def test_the_executions_to_wait_for_stay_bounded():
+    """Executions known to have finished are forgotten as the list grows: one with a ready
+    result, and one whose results are gone when a later one has finished (the device runs
+    its programs in order)."""
+    from torchtpu.runner import program
+
+    x = torch.randn(64, 8, device="tpu")
+    torch.tpu.synchronize()
+    for _ in range(3 * program._TRIM_AT):
+        x + 1  # dropped at once
+        y = x * 2  # kept until the next one
+        y.cpu()  # ready
+    assert len(program._pending) <= 2 * program._TRIM_AT
+    torch.tpu.synchronize()
+    assert program._pending == []
+    torch.testing.assert_close(y.cpu(), x.cpu() * 2)

@@ -329,8 +329,7 @@ def synchronize() -> None:
     if not pjrt.started():
         return
     deferred.flush("synchronize")
-    bufs = take_pending()
-    pjrt.get().block(bufs)
+    pjrt.get().wait(take_pending())
     checks.raise_pending()
 
 

@@ -183,10 +183,10 @@ def execute(program: StorageProgram, inputs: list[Any], blame: str | Sequence[Bl
     an op name for every check, or one :class:`Blame` per check."""
     t0 = perf_counter()
     if program.group is None:
-        outs = pjrt.get().execute(program.executable(), inputs, program.handlers())
+        outs, done = pjrt.get().execute(program.executable(), inputs, program.handlers())
         metrics.add("executions")
-    else:  # counts its execution itself
-        outs = rdist.run_for_group(program.executable(), inputs, blame if isinstance(blame, str) else program.what)
+    else:  # counts its execution itself; its results are ready when this returns
+        outs, done = rdist.run_for_group(program.executable(), inputs, blame if isinstance(blame, str) else program.what), None
     metrics.add("execute_seconds", perf_counter() - t0)
     if program.n_kept:
         outs = outs[: -program.n_kept]
@@ -201,7 +201,7 @@ def execute(program: StorageProgram, inputs: list[Any], blame: str | Sequence[Bl
         else:
             for flag, message, who in zip(flags, messages, blame):
                 checks.add([flag], who.op, [message], who.where or checks.user_source_line())
-    track(outs)
+    track(outs, done)
     return outs
 
 
@@ -244,24 +244,60 @@ def scalar_dtype(pytype: type) -> torch.dtype:
 # --------------------------------------------------------------------------
 # what torch.tpu.synchronize() waits for
 # --------------------------------------------------------------------------
-# Weak references: a strong one would make every recent result look shared to the
-# donation checks (eager/dispatch.py, eager/deferred.py), which count a buffer's references.
-# One entry per execution: its results become ready together, so waiting for any live one
-# waits for the execution (a donated or freed result is skipped for the next).
-_pending: list[tuple[weakref.ref, ...]] = []  # the results of recent executions
+# One entry per execution: weak references to its results (a strong one would make every
+# recent result look shared to the donation checks of eager/dispatch.py and
+# eager/deferred.py, which count a buffer's references) and its runtime token, which waits
+# for it without holding a result: a program whose outputs were all dropped at once
+# (``model(x)`` in a timing loop) still has to finish before synchronize() returns.
+class _Pending(NamedTuple):
+    results: tuple[weakref.ref, ...]
+    done: Any  # pjrt.Launched.done; None for an execution already finished when tracked
+
+
+_pending: list[_Pending] = []
 _TRIM_AT = 256
 _trim_at = _TRIM_AT
+# At most this many executions unaccounted for: past it the host waits for the oldest
+# half, as a CUDA launch queue blocks when full (a loop whose results are all dropped at
+# once, never synchronized, would otherwise grow the list without end).
+_MAX_PENDING = 4096
 
 
-def track(outs: list[Any]) -> None:
-    """Remember an execution's results so that ``synchronize()`` can wait for it."""
+def track(outs: list[Any], done: Any) -> None:
+    """Remember an execution so that ``synchronize()`` can wait for it."""
     global _trim_at
-    if not outs:
+    if done is None:
         return
-    _pending.append(tuple(map(weakref.ref, outs)))
+    _pending.append(_Pending(tuple(map(weakref.ref, outs)), done))
     if len(_pending) > _trim_at:  # forget finished executions; amortized O(1) per call
-        _pending[:] = [refs for refs in _pending if (buf := _live(refs)) is not None and not pjrt.Runtime.is_ready(buf)]
+        _pending[:] = _unfinished(_pending)
         _trim_at = max(_TRIM_AT, 2 * len(_pending))
+
+
+def _unfinished(entries: list[_Pending]) -> list[_Pending]:
+    """The entries not known to have finished. An execution has when one of its results
+    is ready (they become ready together); one whose results are gone has when a later
+    one has (the device runs its programs in order: waiting for its token is then
+    immediate), else it stays."""
+    ready = [_ready(e) for e in entries]
+    last = max((i for i, r in enumerate(ready) if r), default=-1)
+    out = []
+    for i, (entry, r) in enumerate(zip(entries, ready)):
+        if r:
+            continue
+        if i < last and _live(entry.results) is None:
+            pjrt.get().wait([entry.done])
+            continue
+        out.append(entry)
+    if len(out) > _MAX_PENDING:
+        oldest, out = out[: len(out) - _MAX_PENDING // 2], out[len(out) - _MAX_PENDING // 2 :]
+        pjrt.get().wait([e.done for e in oldest])
+    return out
+
+
+def _ready(entry: _Pending) -> bool:
+    buf = _live(entry.results)
+    return buf is not None and pjrt.Runtime.is_ready(buf)
 
 
 def _live(refs: tuple[weakref.ref, ...]) -> Any:
@@ -274,13 +310,15 @@ def _live(refs: tuple[weakref.ref, ...]) -> Any:
 
 
 def recent_results() -> list[weakref.ref]:
-    """Weak references that wait for the work enqueued so far: one live result per recent
-    execution (kept for ``synchronize()``)."""
-    return [weakref.ref(buf) for refs in _pending if (buf := _live(refs)) is not None]
+    """Weak references to one live result per recent execution (an event's mark: ready
+    when the work enqueued so far has finished; executions whose results are all gone
+    are waited for by ``take_pending``'s tokens, not here)."""
+    return [weakref.ref(buf) for e in _pending if (buf := _live(e.results)) is not None]
 
 
 def take_pending() -> list[Any]:
-    """One live result per execution not yet waited for (and forget them)."""
-    bufs = [buf for refs in _pending if (buf := _live(refs)) is not None]
+    """What waits for every execution not yet waited for (``pjrt.Runtime.wait``), and
+    forget them."""
+    done = [e.done for e in _pending]
     _pending.clear()
-    return bufs
+    return done

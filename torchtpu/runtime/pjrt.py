@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -32,6 +32,14 @@ _PROFILER = _spans.PROFILER  # torch's fast "a profiler records" flag, tested pe
 # ops run one by one (eager, and PyTorch on the CPU or CUDA). Off: all three modes give the
 # eager numbers.
 COMPILE_OVERRIDES: dict[str, bool] = {"xla_allow_excess_precision": False}
+
+
+class Launched(NamedTuple):
+    """One enqueued execution: its output buffers, and what ``Runtime.wait`` waits on for it
+    (a PjRt token: it holds no buffer, so it keeps no result alive or shared)."""
+
+    outs: list[Buffer]
+    done: Any
 
 
 class _NoJax:
@@ -210,8 +218,9 @@ class Runtime:
         disassemble them, which is most of a small op's time."""
         return [self._jax.array_result_handler(self._aval(shape, dtype), self._sharding, True, True) for shape, dtype in types]
 
-    def execute(self, exe: Executable, args: list[Buffer], handlers: ResultHandlers | None = None) -> list[Buffer]:
-        """Enqueue one execution; returns the output buffers at once (asynchronous)."""
+    def execute(self, exe: Executable, args: list[Buffer], handlers: ResultHandlers) -> Launched:
+        """Enqueue one execution; returns its output buffers at once (asynchronous) and
+        what waits for it (``wait``)."""
         if _PROFILER._is_profiler_enabled:
             return self._execute_traced(exe, args, handlers)
         try:
@@ -220,26 +229,35 @@ class Runtime:
             raise TpuRuntimeError(f"torchtpu: running a device program failed: {e}") from e
 
     @staticmethod
-    def _run(exe: Executable, args: list[Buffer], handlers: ResultHandlers | None) -> list[Buffer]:
-        if handlers is None:
-            return exe.execute(args)
-        return exe.execute_sharded(args).consume_with_handlers(handlers)
+    def _run(exe: Executable, args: list[Buffer], handlers: ResultHandlers) -> Launched:
+        results = exe.execute_sharded(args, with_tokens=True)
+        done = results.consume_token()  # before the results: consuming them consumes the token too
+        return Launched(results.consume_with_handlers(handlers), done)
 
-    def _execute_traced(self, exe: Executable, args: list[Buffer], handlers: ResultHandlers | None) -> list[Buffer]:
+    def _execute_traced(self, exe: Executable, args: list[Buffer], handlers: ResultHandlers) -> Launched:
         """``execute`` under a profiler: a span for the enqueue and, with
         ``torchtpu.profiler.device_timing(True)``, one for waiting on the results."""
         name = self._names.get(id(exe), "program")
         with _spans.span("torchtpu::execute", program=name):
             try:
-                outs = self._run(exe, args, handlers)
+                launched = self._run(exe, args, handlers)
             except self._jax.JaxRuntimeError as e:
                 raise TpuRuntimeError(f"torchtpu: running a device program failed: {e}") from e
         if _spans.device_timing:
             t0 = time.perf_counter()
             with _spans.span("torchtpu::device_wait", program=name):
-                self.block(outs)
+                self.wait([launched.done])
             metrics.add("device_wait_seconds", time.perf_counter() - t0)
-        return outs
+        return launched
+
+    def wait(self, executions: Sequence[Any]) -> None:
+        """Wait for enqueued executions (``Launched.done`` of each), whose results may be
+        gone: a program's outputs dropped as soon as it was enqueued still take its time."""
+        try:
+            for done in executions:
+                done.block_until_ready()
+        except self._jax.JaxRuntimeError as e:
+            raise TpuRuntimeError(f"torchtpu: a device computation failed: {e}") from e
 
     def block(self, bufs: list[Buffer]) -> None:
         if bufs:
