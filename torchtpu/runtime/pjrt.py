@@ -256,6 +256,10 @@ class Runtime:
         try:
             for done in executions:
                 done.block_until_ready()
+            # jaxlib frees the Python objects its threads released (results dropped while
+            # their execution ran) when a buffer wait runs, not a token's: ~100 bytes per
+            # execution stayed behind until one did (tests/test_bounded_memory.py)
+            self._jax.batched_block_until_ready([])
         except self._jax.JaxRuntimeError as e:
             raise TpuRuntimeError(f"torchtpu: a device computation failed: {e}") from e
 
