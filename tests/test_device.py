@@ -183,6 +183,27 @@ def test_an_event_marks_the_work_enqueued_before_it(kind: str):
     assert e.query() and _finished(y)
 
 
+@pytest.mark.parametrize("kind", EVENTS)
+def test_an_event_waits_for_work_whose_results_were_dropped(kind: str, monkeypatch: pytest.MonkeyPatch):
+    """``model(x)`` in a timing loop drops its results at once: the event recorded after it
+    still waits for that work (through the execution's runtime token), so a timing event
+    measures it and ``synchronize()`` returns after it."""
+    from torchtpu.runner import program
+    from torchtpu.runtime import pjrt
+
+    x = torch.randn(256, 256, device="tpu")
+    torch.tpu.synchronize()
+    x @ x  # dropped at once
+    (dropped,) = [e.done for e in program._pending if all(r() is None for r in e.results)]
+    waited: list = []
+    wait = pjrt.Runtime.wait
+    monkeypatch.setattr(pjrt.Runtime, "wait", lambda self, done: (waited.extend(done), wait(self, done))[1])
+    e = EVENTS[kind]()
+    e.record()
+    e.synchronize()
+    assert any(d is dropped for d in waited) and e.query()
+
+
 def test_generic_streams_are_the_devices_queue():
     """``torch.Stream(device="tpu")`` is the device's one in-order queue: it records events
     on it, and ``query``/``synchronize`` see the work enqueued so far."""

@@ -17,36 +17,36 @@ from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from ..runner import checks
-from ..runner.program import recent_results
+from ..runner import checks, program
 from ..runtime import pjrt
 
 
-def _mark() -> list[weakref.ref]:
-    """The device's enqueued work so far, as weak references to its latest results (a
-    strong one would make them look shared to the donation checks)."""
+def _mark() -> list[Any]:
+    """The device's enqueued work so far (``program.mark``: weak references to results and
+    runtime tokens, no strong reference to a result, which would make it look shared to
+    the donation checks)."""
     if not pjrt.started():
         return []
     from ..eager import deferred
 
     deferred.flush("event")
-    return recent_results()
+    return program.mark()
 
 
-def _finished(mark: list[weakref.ref]) -> bool:
-    return all(b is None or b.is_deleted() or pjrt.Runtime.is_ready(b) for b in (r() for r in mark))
+def _finished(mark: list[Any]) -> bool:
+    return all(program.finished(e) for e in mark)
 
 
-def _wait(mark: list[weakref.ref]) -> None:
-    bufs = [b for r in mark if (b := r()) is not None and not b.is_deleted()]
-    if bufs:
-        pjrt.get().block(bufs)
+def _wait(mark: list[Any]) -> None:
+    """Wait for every execution of ``mark``, those whose results were all dropped too (a
+    timing event after ``model(x)`` in a loop)."""
+    if mark:
+        pjrt.get().wait([e.done for e in mark])
     checks.raise_pending()
 
 
@@ -55,7 +55,7 @@ class Event:
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         self.enable_timing = enable_timing
-        self._mark: list[weakref.ref] | None = None  # None until recorded
+        self._mark: list[Any] | None = None  # None until recorded (_mark)
         self._time: float | None = None  # perf_counter when the device reached the mark
 
     def record(self, stream: Stream | None = None) -> None:

@@ -309,11 +309,18 @@ def _live(refs: tuple[weakref.ref, ...]) -> Any:
     return None
 
 
-def recent_results() -> list[weakref.ref]:
-    """Weak references to one live result per recent execution (an event's mark: ready
-    when the work enqueued so far has finished; executions whose results are all gone
-    are waited for by ``take_pending``'s tokens, not here)."""
-    return [weakref.ref(buf) for e in _pending if (buf := _live(e.results)) is not None]
+def mark() -> list[_Pending]:
+    """The executions enqueued so far and not yet waited for: an event's mark
+    (``finished`` says whether one has run without waiting; ``pjrt.Runtime.wait`` on their
+    ``done`` waits for all of them, those whose results are gone included)."""
+    return list(_pending)
+
+
+def finished(entry: _Pending) -> bool:
+    """Whether ``entry`` has run, as far as can be told without waiting: its live result is
+    ready, or it has none left (donated to a later execution, or dropped)."""
+    buf = _live(entry.results)
+    return buf is None or pjrt.Runtime.is_ready(buf)
 
 
 def take_pending() -> list[Any]:
