@@ -281,17 +281,19 @@ def _unfinished(entries: list[_Pending]) -> list[_Pending]:
     immediate), else it stays."""
     ready = [_ready(e) for e in entries]
     last = max((i for i, r in enumerate(ready) if r), default=-1)
-    out = []
+    out, done = [], []
     for i, (entry, r) in enumerate(zip(entries, ready)):
         if r:
             continue
         if i < last and _live(entry.results) is None:
-            pjrt.get().wait([entry.done])
+            done.append(entry.done)
             continue
         out.append(entry)
     if len(out) > _MAX_PENDING:
         oldest, out = out[: len(out) - _MAX_PENDING // 2], out[len(out) - _MAX_PENDING // 2 :]
-        pjrt.get().wait([e.done for e in oldest])
+        done.extend(e.done for e in oldest)
+    if done:
+        pjrt.get().wait(done)
     return out
 
 
