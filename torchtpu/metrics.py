@@ -44,6 +44,12 @@ def add(name: str, n: int = 1) -> None:
     _counts[name] += n
 
 
+def executed(seconds: float) -> None:
+    """One program execution enqueued in ``seconds`` (counted once per execution: one call)."""
+    _counts["executions"] += 1
+    _counts["execute_seconds"] += seconds
+
+
 def snapshot() -> dict[str, Any]:
     """Current counters: compiles, cache_hits (a call found its program), memory_cache_hits /
     disk_cache_hits (a new program found already built / on disk), executions, flushes,

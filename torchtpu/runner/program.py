@@ -184,10 +184,10 @@ def execute(program: StorageProgram, inputs: list[Any], blame: str | Sequence[Bl
     t0 = perf_counter()
     if program.group is None:
         outs, done = pjrt.get().execute(program.executable(), inputs, program.handlers())
-        metrics.add("executions")
+        metrics.executed(perf_counter() - t0)
     else:  # counts its execution itself; its results are ready when this returns
         outs, done = rdist.run_for_group(program.executable(), inputs, blame if isinstance(blame, str) else program.what), None
-    metrics.add("execute_seconds", perf_counter() - t0)
+        metrics.add("execute_seconds", perf_counter() - t0)
     if program.n_kept:
         outs = outs[: -program.n_kept]
     messages = program.check_messages
@@ -268,7 +268,7 @@ def track(outs: list[Any], done: Any) -> None:
     global _trim_at
     if done is None:
         return
-    _pending.append(_Pending(tuple(map(weakref.ref, outs)), done))
+    _pending.append(_Pending._make((tuple(map(weakref.ref, outs)), done)))  # _make: no Python-level __new__
     if len(_pending) > _trim_at:  # forget finished executions; amortized O(1) per call
         _pending[:] = _unfinished(_pending)
         _trim_at = max(_TRIM_AT, 2 * len(_pending))

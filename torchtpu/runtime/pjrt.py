@@ -232,7 +232,7 @@ class Runtime:
     def _run(exe: Executable, args: list[Buffer], handlers: ResultHandlers) -> Launched:
         results = exe.execute_sharded(args, with_tokens=True)
         done = results.consume_token()  # before the results: consuming them consumes the token too
-        return Launched(results.consume_with_handlers(handlers), done)
+        return Launched._make((results.consume_with_handlers(handlers), done))  # _make: no Python-level __new__
 
     def _execute_traced(self, exe: Executable, args: list[Buffer], handlers: ResultHandlers) -> Launched:
         """``execute`` under a profiler: a span for the enqueue and, with
