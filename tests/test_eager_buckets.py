@@ -332,6 +332,27 @@ def test_lengths_that_equal_static_sizes(mode: str) -> None:
     torch.testing.assert_close(table.to("tpu")[slots, slots].cpu(), table[[1, 0], [1, 0]])
 
 
+def test_a_padded_calls_meta_checks_run_once_per_geometry(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a call may run padded is asked of PyTorch's meta kernels (three calls, a
+    third of a DLRM step when asked every time) once per op, length, bucket and argument
+    geometry: the same call again is not asked, another length is, and the answers keep
+    the CPU's numbers (a length of 1 broadcasts where 37 would not)."""
+    buckets._RESULT_DIMS.clear()
+    asked: list[int] = []
+    real = buckets._result_dims
+
+    def counted(plan, values, dims, n, cap):  # noqa: ANN001, ANN202 - the patched function's own signature
+        asked.append(n)
+        return real(plan, values, dims, n, cap)
+
+    monkeypatch.setattr(buckets, "_result_dims", counted)
+    torch.manual_seed(5)
+    for n in (37, 37, 1, 1):
+        x = torch.rand(n)
+        torch.testing.assert_close((bucketed(x) * 3).cpu(), x * 3)
+    assert asked == [37, 1]
+
+
 class _Expert(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -42,6 +42,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ..lowering.strided import contiguous_strides
+from ..runner.bounded import BoundedCache
 from ..stablehlo.types import host_numpy
 from ..tensor.storage import Cell, new_tensor
 from .growth import capacity
@@ -373,7 +374,7 @@ def plan_padded(plan: OpPlan, values: list[Any]) -> Padded | None:
     # every other tensor is read at exact shapes; _result_dims checks that the call means
     # the same with the padded views at two different bucket sizes
     in_dims.sort()
-    out_dims = _result_dims(plan, values, dims, n, cap)
+    out_dims = _known_result_dims(plan, values, dims, n, cap)
     if out_dims is None:
         return None
     return Padded(n, cap, dims, tuple(in_dims), out_dims, values)
@@ -399,6 +400,45 @@ def _with_twins(plan: OpPlan, values: list[Any], paddable: set[str] | None) -> l
         elif kind == KIND_TENSOR_LIST and v is not None:
             out[i] = type(v)(swap(name, t) for t in v)
     return out
+
+
+# (op, n, cap, each argument's geometry and padded dim, the other arguments) -> the answer
+# of _result_dims, which asks PyTorch's meta kernels three times per padded call: every step
+# of a recommender ran them for each embedding_bag, forward and backward (about a third of a
+# DLRM step in eager and DeferAndFuse). Keyed by the exact length too: n decides the answer
+# where it equals a static size (a length of 1 broadcasts).
+_RESULT_DIMS = BoundedCache("padded result dims", limit=4096)
+_UNKNOWN = object()
+
+
+def _known_result_dims(plan: OpPlan, values: list[Any], dims: dict[int, int], n: int, cap: int) -> tuple[int | None, ...] | None:
+    """``_result_dims``, remembered for calls of the same geometry."""
+    key = _meta_key(plan, values, dims, n, cap)
+    if key is None:
+        return _result_dims(plan, values, dims, n, cap)
+    out = _RESULT_DIMS.get(key, _UNKNOWN)
+    if out is _UNKNOWN:
+        out = _RESULT_DIMS[key] = _result_dims(plan, values, dims, n, cap)
+    return out
+
+
+def _meta_key(plan: OpPlan, values: list[Any], dims: dict[int, int], n: int, cap: int) -> tuple | None:
+    """What the meta kernels of this padded call see, as a key; None if an argument cannot
+    be one (then the call is not remembered)."""
+
+    def part(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return (v.shape, v.stride(), v.storage_offset(), v.dtype, v.device.type, dims.get(id(v)))
+        if isinstance(v, (list, tuple)):
+            return (type(v), tuple(part(x) for x in v))
+        return (type(v), v)  # 1 and 1.0 promote differently
+
+    key = (plan, n, cap, tuple(part(v) for v in values))
+    try:
+        hash(key)
+    except TypeError:  # an unhashable argument
+        return None
+    return key
 
 
 def _result_dims(plan: OpPlan, values: list[Any], dims: dict[int, int], n: int, cap: int) -> tuple[int | None, ...] | None:
