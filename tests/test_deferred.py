@@ -265,8 +265,10 @@ def test_dead_intermediates_are_not_outputs():
         graph = deferred._graph()
         n_cells = len(graph.cells)
         y.cpu()
-    # keys hold the op's plan (a compiled graph recorded by another test holds a name there)
-    live = [k for k in deferred._GRAPHS if len(k[0]) == 4 and getattr(k[0][0][0][0], "op", None) is torch.ops.aten.exp.default]
+    # a graph's description holds each node's op key, whose first entry is the op's plan (a
+    # compiled graph recorded by another test holds a name there)
+    described = [c.described for c in deferred._GRAPHS.values()]
+    live = [k for k in described if len(k[0]) == 4 and getattr(k[0][0][0][0], "op", None) is torch.ops.aten.exp.default]
     assert live and all(len(k[2]) == 1 for k in live)  # only ``y`` comes out
     assert n_cells == 5
 

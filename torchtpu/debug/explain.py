@@ -155,9 +155,9 @@ class Recorder:
         cause, detail = _closest(key, earlier, lambda old: _eager_diffs(plan, old, key))
         self._claim("eager", plan.name, cause, detail)
 
-    def graph_program(self, nodes: list, gkey: tuple, graphs: dict) -> None:
-        """A new DeferAndFuse program for the graph ``nodes`` keyed ``gkey``; ``graphs``
-        holds the graph keys built before."""
+    def graph_program(self, nodes: list, gkey: tuple, graphs: list[tuple]) -> None:
+        """A new DeferAndFuse program for the graph ``nodes`` keyed ``gkey`` (each node by its
+        full op key); ``graphs``: the keys of the graphs built before, alike."""
         name = f"fused graph of {len(nodes)} ops"
         cause, detail = _graph_cause(nodes, gkey, list(graphs))
         self._claim("defer_and_fuse", name, cause, detail)
