@@ -9,7 +9,7 @@ STAMP := $(VENV)/.torchtpu-installed
 # torch first, then torchtpu without build isolation: its C++ hooks (setup.py) compile
 # against the torch in the venv (an isolated build would fetch another torch).
 TORCH_PIN := $(shell grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
-$(STAMP): pyproject.toml setup.py $(wildcard torchtpu/csrc/*.cpp)
+$(STAMP): pyproject.toml setup.py $(wildcard torchtpu/csrc/*.cpp torchtpu/csrc/*.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "setuptools>=70.1" "$(TORCH_PIN)"
 	$(PY) -m pip install -q --no-build-isolation -e ".[dev,hf,jax,docs]"

@@ -1,5 +1,6 @@
-"""Builds torchtpu's optional C++ extensions (torchtpu/csrc/): the device's hooks and the
-fast paths of tensor creation; everything else is in pyproject.toml.
+"""Builds torchtpu's optional C++ extensions (torchtpu/csrc/): the device's hooks, the
+fast paths of tensor creation and the device memory counters; everything else is in
+pyproject.toml.
 
 The extensions compile against the installed torch's headers, so they are built only where
 torch imports at build time (``pip install --no-build-isolation``, as the Makefile runs it)
@@ -30,10 +31,14 @@ def extensions() -> list[Extension]:
             optional=True,  # no compiler: install without it
         )
 
+    # plain C against Python alone: torch.tpu.memory_allocated's counters (torchtpu/runtime/memory.py)
+    counters = Extension("torchtpu.runtime._counters", ["torchtpu/csrc/counters.c"], extra_compile_args=["-O2"], optional=True)
+
     return [
         extension("torchtpu._hooks", "torchtpu/csrc/hooks.cpp", ["c10", "torch_cpu"]),
         # tensor creation and compiled-graph argument keys (torchtpu/tensor/storage.py)
         extension("torchtpu.tensor._fast", "torchtpu/csrc/fast.cpp", ["c10", "torch_cpu", "torch_python"]),
+        counters,
     ]
 
 

@@ -15,6 +15,7 @@ import torch
 from utils import TPU
 
 from torchtpu.compile import fx_lowering
+from torchtpu.runtime import memory
 from torchtpu.tensor import storage
 from torchtpu.tensor.storage import Cell, cell_of
 
@@ -28,6 +29,36 @@ def test_the_fast_paths_are_built_where_a_compiler_is() -> None:
         pytest.skip("no C++ compiler on this machine")
     assert storage.new_tensor is storage._fast.new_tensor
     assert fx_lowering.graph_key is storage._fast.graph_key
+    assert memory.allocated is memory._counters.allocated
+
+
+def test_the_memory_counters_count_as_the_python_twins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same allocations, frees and peak resets through the C counters and through
+    their Python twins (counting from the same state) end in the same counts."""
+    before = memory._counters.snapshot()
+    monkeypatch.setattr(memory, "_stats", dict(before))
+    events = [("allocated", 4096), ("allocated", 100), ("freed", 4096), ("reset_peak", None), ("allocated", 7), ("freed", 107)]
+    for name, n in events:
+        for fn in (getattr(memory._counters, name), getattr(memory, f"_py_{name}")):
+            fn() if n is None else fn(n)
+    assert memory._counters.snapshot() == memory._py_snapshot()
+    assert memory._counters.current() == memory._py_current() == before["allocated_bytes"]
+    assert memory._counters.peak() == memory._py_peak() == before["allocated_bytes"] + 100 + 7
+    with pytest.raises(TypeError):
+        memory._counters.allocated("4096")
+
+
+def test_memory_allocated_follows_a_tensors_life() -> None:
+    """torch.tpu.memory_allocated through the native counters: a result's bytes while it
+    lives, none after."""
+    x = torch.ones(1000, device=TPU)
+    torch.tpu.synchronize()
+    held = torch.tpu.memory_allocated()
+    y = x * 2
+    torch.tpu.synchronize()
+    assert torch.tpu.memory_allocated() == held + 4000
+    del y
+    assert torch.tpu.memory_allocated() == held
 
 
 def _geometry(t: torch.Tensor) -> tuple:

@@ -76,7 +76,7 @@ GRAPHS: weakref.WeakSet = weakref.WeakSet()  # every live CompiledGraph (tests, 
 class Program:
     """One compiled storage program of a graph and how to read its results."""
 
-    __slots__ = ("storage", "outputs", "n_random", "dynamic_dims")
+    __slots__ = ("storage", "outputs", "n_random", "dynamic_dims", "fresh")
 
     def __init__(self, storage: StorageProgram | None, outputs: list[tuple], n_random: int):
         self.storage = storage  # None: the graph computes nothing (its outputs are inputs, views, constants)
@@ -85,6 +85,11 @@ class Program:
         self.outputs = outputs
         self.n_random = n_random  # RNG states the program consumes
         self.dynamic_dims: list[list[tuple[int, Any]]] | None = None  # per output, of a bucketed graph (_dynamic_dims)
+        # per "new" output, in order: (numel, dtype, its buffer's shape), the cell each call makes
+        self.fresh: list[tuple[int, torch.dtype, tuple[int, ...]]] = []
+        if storage is not None:
+            news = [s for s in outputs if s[0] == "new"]
+            self.fresh = [(s[4], s[3], shape) for s, (shape, _) in zip(news, storage.result_types)]
 
 
 class _Lowered(NamedTuple):
@@ -594,7 +599,7 @@ class CompiledGraph:
             return self._results(prog.outputs, call.user_args(), iter(()))
         if prog.storage.updates:  # their old buffers are donated: a pending graph reading them runs first
             deferred.flush_readers([call.cells[slot] for slot in prog.storage.updates])
-        inputs = [c.buf for c in call.cells if c.buf is not None]
+        inputs = [b for b in [c.buf for c in call.cells] if b is not None]  # Cell.buf runs a pending graph: once per cell
         inputs.extend(call.scalars)
         if prog.n_random:
             inputs.append(rng.reserve_state_buffer(prog.n_random))
@@ -603,9 +608,7 @@ class CompiledGraph:
         for i, theirs in call.stand_ins:  # a mutated stand-in (e.g. a non-capturable optimizer step count)
             if call.slot_of[id(cell_of(call.args[i]))] in prog.storage.updates:
                 theirs.copy_(call.args[i])
-        fresh = [s for s in prog.outputs if s[0] == "new"]
-        shapes = [shape for shape, _ in prog.storage.result_types[: len(fresh)]]
-        cells = (Cell(s[4], s[3], buf, shape) for s, buf, shape in zip(fresh, new, shapes))
+        cells = (Cell(numel, dtype, buf, shape) for (numel, dtype, shape), buf in zip(prog.fresh, new))
         results = self._results(prog.outputs, call.user_args(), cells)
         for i in self.host_outputs:
             if prog.outputs[i][0] == "new":

@@ -197,9 +197,7 @@ class Graph:
         return idx
 
     def new_cell(self, numel: int, dtype: torch.dtype, shape: Sequence[int] | None = None) -> tuple[Cell, int]:
-        cell = Cell(numel, dtype, shape=shape)
-        cell.lazy = self
-        cell._count(True)  # memory_allocated counts it from now on, as a CUDA allocation would
+        cell = Cell(numel, dtype, shape=shape, lazy=self)  # counted from now on, as a CUDA allocation would be
         idx = len(self.cells)
         self.cells.append(weakref.ref(cell))
         self.kinds.append((NEW, numel, dtype, cell.shape))

@@ -58,18 +58,20 @@ class Cell:
 
     __slots__ = ("_buf", "numel", "dtype", "shape", "nbytes", "lazy", "gslot", "counted", "__weakref__")
 
-    def __init__(self, numel: int, dtype: torch.dtype, buf: Any = None, shape: Sequence[int] | None = None):
+    def __init__(
+        self, numel: int, dtype: torch.dtype, buf: Any = None, shape: Sequence[int] | None = None, lazy: Any = None
+    ) -> None:
         self.numel = numel = int(numel)
         self.dtype = dtype
         self.shape = (numel,) if shape is None else tuple(shape)  # every new buffer keeps it
         self.nbytes = nbytes = numel * dtype.itemsize
         self._buf = buf
-        self.lazy: Any = None  # the pending graph that will produce this cell's value
+        self.lazy: Any = lazy  # the pending graph that will produce this cell's value
         self.gslot: Any = None  # (graph epoch, slot) while a pending graph refers to it
         # counted in torch.tpu.memory_allocated (holds or will hold a buffer); ``_count``,
         # inlined: a cell is made for every op's result
-        self.counted = buf is not None
-        if buf is not None:
+        self.counted = holds = buf is not None or lazy is not None
+        if holds:
             memory.allocated(nbytes)
 
     @property
@@ -92,7 +94,10 @@ class Cell:
     def set(self, buf: Any) -> None:
         if self.lazy is not None:
             self.lazy.flush_for(self)
-        self._set(buf)
+        self._buf = buf  # _set, inlined: once per storage a program rewrites
+        if not self.counted:
+            memory.allocated(self.nbytes)
+            self.counted = True
 
     def _set(self, buf: Any) -> None:
         """Store a buffer without looking at pending work (the deferred runner's path)."""
