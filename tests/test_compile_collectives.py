@@ -10,6 +10,7 @@ tests/distributed_scripts/compiled_collectives.py (see test_distributed.py's spa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -108,7 +109,34 @@ def test_collective_without_a_layout_is_a_clear_error() -> None:
         _lower(fn, None, (2,), (2,))
 
 
-def test_uneven_all_to_all_is_a_clear_error() -> None:
+def test_uneven_all_to_all_pads_every_rank_to_the_groups_largest_split() -> None:
+    """Rank 0 of two sends 1 and 3 rows of 2 and receives 2 and 2; a peer's largest split
+    is 4 (agreed when compiling): both chunks go padded to 4 rows (8 elements) in one
+    (2, 8) exchange, kept in the program, and the rows received are cut back out."""
+
+    def fn(x):
+        return _F.all_to_all_single.default(x, [2, 2], [1, 3], "0")
+
+    layout = C.ReplicaLayout((0, 1), {"0": ((0, 1),)}, {"0": (1, 4)})
+    text = _lower(fn, layout, (4, 2), (4, 2))
+    exchanges = re.findall(r'"stablehlo.all_to_all"\(%\w+\) (\{.*?\}) : \((.*?)\)', text)
+    assert len(exchanges) == 1 and "tensor<2x8xf32>" in exchanges[0][1], exchanges
+    assert "replica_groups = dense<[[0, 1]]>" in exchanges[0][0]
+
+
+def test_all_to_all_even_here_but_uneven_in_the_group_is_padded_too() -> None:
+    """Even local splits take the padded exchange when a peer's are uneven: every rank of
+    the group must run the same shape."""
+
+    def fn(x):
+        return _F.all_to_all_single.default(x, [2, 2], [2, 2], "0")
+
+    even = _lower(fn, C.ReplicaLayout((0, 1), {"0": ((0, 1),)}, {"0": (2, 2)}), (4,), (4,))
+    padded = _lower(fn, C.ReplicaLayout((0, 1), {"0": ((0, 1),)}, {"0": (0, 3)}), (4,), (4,))
+    assert "tensor<2x2xf32>" in even and "tensor<2x3xf32>" in padded
+
+
+def test_uneven_all_to_all_without_an_agreed_size_is_a_clear_error() -> None:
     def fn(x):
         return _F.all_to_all_single.default(x, [1, 3], [2, 2], "0")
 
@@ -142,7 +170,7 @@ def test_collectives_and_tensor_parallel_step_in_one_program(tmp_path: Path) -> 
     update and their all_reduces are ONE program per step, nothing compiles after step 1,
     and the losses are the single-process run's. One launch: start-up is most of the time."""
     _check_rc(spawn(SCRIPT, "collectives,tp,mismatch", out=tmp_path, timeout=240, **XLA))
-    _assert_all_ok(tmp_path, 2, 21)
+    _assert_all_ok(tmp_path, 2, 24)
     for res in _tp_results(tmp_path):
         assert all(c == {"executions": 1, "compiles": 0} for c in res["counts"][1:]), res["counts"]
         assert res["counts"][0]["executions"] == 1 and res["warnings"] == [], res
@@ -177,7 +205,7 @@ def test_a_program_only_one_rank_builds_is_an_error_within_the_timeout(tmp_path:
 @pytest.mark.slow
 def test_compiled_collectives_4_processes_and_a_2d_mesh(tmp_path: Path) -> None:
     _check_rc(spawn(SCRIPT, "collectives", nproc=4, out=tmp_path, timeout=400, **XLA))
-    _assert_all_ok(tmp_path, 4, 23)
+    _assert_all_ok(tmp_path, 4, 26)
 
 
 @pytest.mark.slow  # ~35 s on a loaded 2-core machine: start-up of 2 processes, then op by op

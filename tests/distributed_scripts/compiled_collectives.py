@@ -184,9 +184,44 @@ def check_redistribute(results: dict[str, str]) -> None:
         results[name + "_one_program"] = "ok" if counts["executions"] == 1 else str(counts)
 
 
+def sent_rows(src: int, dst: int) -> int:
+    """Rows rank ``src`` sends rank ``dst`` in the uneven all_to_all: 0 to 2, differing per
+    pair and per direction (every rank both sends and receives uneven splits, some empty)."""
+    return (2 * src + dst) % 3
+
+
+def check_uneven_all_to_all(results: dict[str, str]) -> None:
+    """all_to_all_single with uneven splits (Python ints, each rank its own) in a compiled
+    function, forward and backward (the reverse exchange): gloo's values on CPU tensors,
+    one program per call after the first."""
+    gloo = dist.new_group(backend="gloo")
+    ins = [sent_rows(RANK, p) for p in range(WORLD)]
+    outs = [sent_rows(p, RANK) for p in range(WORLD)]
+
+    @torch.compile(backend="tpu", fullgraph=True)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return funcol.all_to_all_single(x * 2, outs, ins, dist.group.WORLD) + 1
+
+    x = data(sum(ins), 3, seed=4)
+    leaf = x.to("tpu").requires_grad_()
+    f(x.to("tpu"))  # warm-up: compiles
+    got, counts = counted(lambda: f(x.to("tpu")).cpu())
+    want = torch.empty(sum(outs), 3)
+    dist.all_to_all_single(want, x * 2, outs, ins, group=gloo)
+    results["all_to_all_uneven"] = "ok" if torch.equal(got, want + 1) else f"got {got} want {want + 1}"
+    results["all_to_all_uneven_one_program"] = "ok" if counts == {"executions": 1, "compiles": 0} else str(counts)
+    weights = data(sum(outs), 3, seed=5)  # d(sum(y * w))/dx: the weights sent back, doubled
+    (f(leaf) * weights.to("tpu")).sum().backward()
+    back = torch.empty(sum(ins), 3)
+    dist.all_to_all_single(back, weights, ins, outs, group=gloo)
+    grad = leaf.grad.cpu()
+    results["all_to_all_uneven_backward"] = "ok" if torch.allclose(grad, back * 2) else f"got {grad} want {back * 2}"
+
+
 def collectives() -> dict[str, str]:
     results: dict[str, str] = {}
-    for name, fn in (("collectives", check_collectives), ("mesh", check_2d_mesh), ("redistribute", check_redistribute)):
+    checks = (("collectives", check_collectives), ("mesh", check_2d_mesh), ("redistribute", check_redistribute))
+    for name, fn in (*checks, ("uneven", check_uneven_all_to_all)):
         if name == "mesh" and WORLD != 4:
             continue
         try:

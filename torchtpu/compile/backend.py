@@ -181,7 +181,8 @@ def _collectives(gm: torch.fx.GraphModule, name: str) -> tuple[ReplicaLayout | N
     if outside:
         _warn_op_by_op(name, outside)
         return None, False
-    return compiled.replica_layout(names, f"compiled graph {name}"), True
+    layout = compiled.replica_layout(names, f"compiled graph {name}")
+    return layout._replace(split_ranges=compiled.split_ranges(gm, f"compiled graph {name}")), True
 
 
 _warned_op_by_op = False

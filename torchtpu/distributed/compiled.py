@@ -107,6 +107,45 @@ def _exchange(mine: list[list[int]], world: int) -> list[list[tuple[int, ...]]]:
     return [[tuple(g) for g in json.loads(store.get(str(r)))] for r in range(world)]
 
 
+_A2A = torch.ops._c10d_functional.all_to_all_single.default
+_split_exchanges: dict[str, Iterator[int]] = {}  # group name -> its next exchange's number
+
+
+def split_ranges(gm: torch.fx.GraphModule, what: str) -> dict[str, tuple[int, int]]:
+    """Per group of ``gm``'s ``all_to_all_single`` nodes, the smallest and largest split
+    (rows) of any rank of the group: what makes every rank's exchange the same padded
+    shape when splits are uneven. Each rank knows only its own splits, so the group's
+    ranks exchange theirs through the store while their graphs compile (every rank of a
+    group compiles the same graphs in the same order, as its collectives run in order)."""
+    mine: dict[str, list[int]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is _A2A:
+            splits = [*node.args[1], *node.args[2]]
+            if splits and all(isinstance(s, int) for s in splits):  # the rule explains the rest
+                mine.setdefault(_name_arg(node), []).extend(splits)
+    return {name: _group_range(name, min(splits), max(splits), what) for name, splits in mine.items()}
+
+
+def _group_range(name: str, low: int, high: int, what: str) -> tuple[int, int]:
+    """(smallest ``low``, largest ``high``) over the ranks of group ``name``."""
+    from torch.distributed.distributed_c10d import _get_default_store, get_process_group_ranks
+
+    n = next(_split_exchanges.setdefault(name, itertools.count()))
+    store = dist.PrefixStore(f"{attempt_prefix('torchtpu_compiled_splits')}/{name}/{n}", _get_default_store())
+    store.set(str(dist.get_rank()), json.dumps([low, high]))
+    ranges = []
+    for r in get_process_group_ranks(_group(name)):
+        try:
+            ranges.append(json.loads(store.get(str(r))))
+        except dist.DistStoreError as e:
+            raise TpuError(
+                f"torchtpu: {what} has an all_to_all_single on group {name!r}, and rank {r} of the group did not "
+                "compile its counterpart within the store's timeout: every rank of a group must compile the same "
+                f"graphs in the same order ({e})"
+            ) from e
+    return min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
+
+
 def _partition(name: str, blocks: list[tuple[int, ...]], world: int, what: str) -> tuple[tuple[int, ...], ...]:
     """Every rank's block of group ``name``: a partition of the world into equal blocks."""
     unique = sorted(set(blocks))

@@ -23,7 +23,8 @@ torch.distributed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import torch
@@ -41,11 +42,14 @@ _BITS = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64}
 
 class ReplicaLayout(NamedTuple):
     """How a compiled program's collectives map onto replicas: the global ranks the program
-    spans (replica ``i`` runs on ``ranks[i]``), and per process-group name the partition of
-    the replicas into that group's blocks."""
+    spans (replica ``i`` runs on ``ranks[i]``), per process-group name the partition of
+    the replicas into that group's blocks, and per group name the smallest and largest
+    ``all_to_all_single`` split (in rows) of any rank of the group in this graph, agreed
+    when it was compiled: every rank must exchange the same padded shape."""
 
     ranks: tuple[int, ...]
     groups: dict[str, tuple[tuple[int, ...], ...]]
+    split_ranges: Mapping[str, tuple[int, int]] = MappingProxyType({})
 
 
 def groups_of(ctx: Any, group_name: str, what: str) -> tuple[tuple[int, ...], ...]:
@@ -57,6 +61,13 @@ def groups_of(ctx: Any, group_name: str, what: str) -> tuple[tuple[int, ...], ..
             "torch.compile(backend='tpu') program compiled over its process group (TORCHTPU_COLLECTIVES=xla)"
         )
     return layout.groups[group_name]
+
+
+def split_range(ctx: Any, group_name: str) -> tuple[int, int] | None:
+    """The group's agreed (smallest, largest) ``all_to_all_single`` split in this program,
+    or None where none was agreed (a program lowered outside torch.compile's backend)."""
+    layout = ctx.replica_layout
+    return None if layout is None else layout.split_ranges.get(group_name)
 
 
 def check_reduce(op: str, dtype: torch.dtype) -> None:

@@ -97,19 +97,38 @@ def reduce_scatter_tensor_coalesced(L: Any, xs: list[Value], reduce_op: str, gro
 
 @register(_F.all_to_all_single.default)
 def all_to_all_single(L: Any, x: Value, output_split_sizes: list[int], input_split_sizes: list[int], group_name: Any) -> Value:
-    groups = _groups(L, group_name)
-    w = len(groups[0])
-    even = x.shape[0] // w if x.shape else 0
-    splits = [*output_split_sizes, *input_split_sizes]
-    if not x.shape or x.shape[0] % w or any(not isinstance(s, int) or s != even for s in splits):
-        # every rank must run the same program: uneven (or data-dependent) splits would differ
+    """Rank r sends ``input_split_sizes[p]`` rows of ``x`` to group rank p and receives
+    ``output_split_sizes[p]`` from it. Every rank must run the same fixed-size exchange:
+    uneven splits are padded to the largest split of any rank of the group, agreed when
+    the graph was compiled (``ReplicaLayout.split_ranges``), as the xla transport pads
+    an eager uneven all_to_all."""
+    b, groups = L.b, _groups(L, group_name)
+    ins, outs = list(input_split_sizes), list(output_split_sizes)
+    if not x.shape or any(not isinstance(s, int) for s in ins + outs):
         raise NotImplementedError(
-            f"torchtpu: all_to_all_single with uneven splits (in {list(input_split_sizes)}, out "
-            f"{list(output_split_sizes)}) cannot be lowered into a compiled program; only even splits of dim 0 can. "
-            "Run it outside the compiled function (torch._dynamo.disable) or use even splits."
+            f"torchtpu: all_to_all_single of a {tuple(x.shape)} tensor with splits (in {ins}, out {outs}) cannot be "
+            "lowered into a compiled program: the splits must be Python ints known when it is compiled. "
+            "Run it outside the compiled function (torch._dynamo.disable)."
         )
-    a = C.all_to_all(L.b, L.b.reshape(x, (w, C.flat(L.b, x).shape[0] // w)), groups)
-    return L.b.reshape(a, x.shape)
+    name = group_name if isinstance(group_name, str) else group_name.group_name
+    agreed = C.split_range(L.ctx, name)
+    low, high = agreed if agreed is not None else (min(ins + outs), max(ins + outs))
+    w, row = len(groups[0]), prod(x.shape[1:])
+    if low == high and x.shape[0] == w * high:  # even everywhere: one (w, chunk) exchange
+        a = C.all_to_all(b, b.reshape(x, (w, prod(x.shape) // w)), groups)
+        return b.reshape(a, x.shape)
+    if agreed is None:
+        raise NotImplementedError(
+            f"torchtpu: all_to_all_single with uneven splits (in {ins}, out {outs}) needs the padded size its group "
+            "agreed on when torch.compile(backend='tpu') compiled the graph; this program was lowered without it"
+        )
+    shape = (sum(outs), *x.shape[1:])
+    if high == 0:  # nothing moves anywhere in the group
+        return b.constant(0, x.dtype, shape)
+    a = C.all_to_all_padded(b, C.flat(b, x), [s * row for s in ins], high * row, groups)
+    L.ctx.keep.append(a)  # a rank that receives nothing must still run the exchange its peers wait on
+    received = [b.slice(r, [0], [s * row]) for r, s in zip(C.rows(b, a), outs)]
+    return b.reshape(b.concatenate(received, 0), shape)
 
 
 @register(torch.ops._dtensor.shard_dim_alltoall.default)
