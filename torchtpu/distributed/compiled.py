@@ -57,10 +57,15 @@ def group_names(gm: torch.fx.GraphModule) -> list[str]:
 
 
 def _name_arg(node: torch.fx.Node) -> str:
-    schema = node.target._schema  # type: ignore[union-attr]
-    index = [a.name for a in schema.arguments].index("group_name")
-    value = node.kwargs.get("group_name", node.args[index] if index < len(node.args) else None)
+    value = _arg(node, "group_name")
     return value if isinstance(value, str) else value.group_name
+
+
+def _arg(node: torch.fx.Node, name: str) -> Any:
+    """Argument ``name`` of an op node, given by position or by keyword."""
+    schema = node.target._schema  # type: ignore[union-attr]
+    index = [a.name for a in schema.arguments].index(name)
+    return node.kwargs.get(name, node.args[index] if index < len(node.args) else None)
 
 
 def _group(name: str) -> Any:
@@ -120,7 +125,7 @@ def split_ranges(gm: torch.fx.GraphModule, what: str) -> dict[str, tuple[int, in
     mine: dict[str, list[int]] = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is _A2A:
-            splits = [*node.args[1], *node.args[2]]
+            splits = [*_arg(node, "output_split_sizes"), *_arg(node, "input_split_sizes")]
             if splits and all(isinstance(s, int) for s in splits):  # the rule explains the rest
                 mine.setdefault(_name_arg(node), []).extend(splits)
     return {name: _group_range(name, min(splits), max(splits), what) for name, splits in mine.items()}
