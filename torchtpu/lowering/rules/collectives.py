@@ -21,9 +21,13 @@ from ..registry import register
 _F = torch.ops._c10d_functional
 
 
+def _name(group_name: Any) -> str:
+    """A process group's name, given as the name or as the group."""
+    return group_name if isinstance(group_name, str) else group_name.group_name
+
+
 def _groups(L: Any, group_name: Any) -> tuple[tuple[int, ...], ...]:
-    name = group_name if isinstance(group_name, str) else group_name.group_name
-    return C.groups_of(L.ctx, name, L.op.name() if L.op is not None else "collective")
+    return C.groups_of(L.ctx, _name(group_name), L.op.name() if L.op is not None else "collective")
 
 
 def _op(reduce_op: str, dtype: torch.dtype) -> str:
@@ -110,8 +114,7 @@ def all_to_all_single(L: Any, x: Value, output_split_sizes: list[int], input_spl
             "lowered into a compiled program: the splits must be Python ints known when it is compiled. "
             "Run it outside the compiled function (torch._dynamo.disable)."
         )
-    name = group_name if isinstance(group_name, str) else group_name.group_name
-    agreed = C.split_range(L.ctx, name)
+    agreed = C.split_range(L.ctx, _name(group_name))
     low, high = agreed if agreed is not None else (min(ins + outs), max(ins + outs))
     w, row = len(groups[0]), prod(x.shape[1:])
     if low == high and x.shape[0] == w * high:  # even everywhere: one (w, chunk) exchange
