@@ -196,6 +196,20 @@ def test_dead_peer_fails_the_collective(tmp_path: Path) -> None:
     assert results[0][0] == 0, results[0][1][-3000:]
     res = _read(tmp_path, "rank0.json")
     assert res["error"] is not None and res["error"].startswith("DistributedError") and "all_reduce" in res["error"], res
+    # the cross-rank check failed before gloo wrote anything: the tensor keeps its value
+    assert res["then_error"] is None, res
+
+
+def test_dead_peer_loses_the_value_written_in_place(tmp_path: Path) -> None:
+    """Without the check, gloo itself fails while reducing in the tensor's own buffer (the
+    cpu platform's in-place all_reduce): reading the tensor then raises, naming that
+    failure, instead of returning a half-reduced value."""
+    results = spawn(SCRIPTS / "failures.py", "dead", out=tmp_path, TORCHTPU_TEST_TIMEOUT="20", TORCHTPU_DIST_CHECK="0")
+    assert results[0][0] == 0, results[0][1][-3000:]
+    res = _read(tmp_path, "rank0.json")
+    assert res["error"] is not None and res["error"].startswith("DistributedError") and "all_reduce" in res["error"], res
+    assert res["then_error"] is not None and res["then_error"].startswith("TpuError"), res
+    assert "collective that was writing this tensor in place failed" in res["then_error"], res
 
 
 @pytest.mark.slow  # make test-all (moved out of make test's 15 minutes)
@@ -244,4 +258,4 @@ def test_async_work_futures_and_ddp_comm_hook(tmp_path: Path) -> None:
     """async_op=True, get_future(), ordering against synchronous collectives, coalescing
     blocks, DDP with a Python comm hook (the host transport)."""
     torchrun(SCRIPTS / "async_work.py", out=tmp_path)
-    assert_checks_ok(tmp_path, 2, 7)
+    assert_checks_ok(tmp_path, 2, 8)

@@ -4,6 +4,8 @@ and DeferAndFuse modes."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -106,6 +108,20 @@ def test_a_written_upload_drops_its_twin(mode: str, fresh_upload_history: None) 
     u = torch.zeros(6).to("tpu")
     u.index_put_((torch.tensor([0, 4]).to("tpu"),), torch.tensor([1.0, 2.0]).to("tpu"))
     assert torch.equal(u.cpu(), torch.tensor([1.0, 0, 0, 0, 2.0, 0]))
+
+
+def test_a_twin_leaves_the_upload_buffer_its_storage_s_alone(fresh_upload_history: None) -> None:
+    """The twin remembers the uploaded buffer weakly: the storage is still its buffer's only
+    holder, so an in-place write takes the buffer over (donation) instead of copying it."""
+    for n in (3, 4):
+        torch.arange(n).to("tpu")
+    t = torch.arange(9).to("tpu")
+    plain = torch.arange(600).to("tpu")  # no twin: its bucket saw one length
+    assert twin_of(t) is not None and twin_of(plain) is None
+    cell, plain_cell = t.untyped_storage()._cell, plain.untyped_storage()._cell
+    assert sys.getrefcount(cell._buf) == sys.getrefcount(plain_cell._buf)
+    t.add_(1)
+    assert twin_of(t) is None and torch.equal(t.cpu(), torch.arange(1, 10))
 
 
 def _check_bag_step(bag: torch.nn.EmbeddingBag, dbag: torch.nn.EmbeddingBag, got: torch.Tensor, want: torch.Tensor) -> None:

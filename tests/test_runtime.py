@@ -45,6 +45,43 @@ def test_adapter_smoke():
     assert rt.to_numpy(again).tolist() == [0.0, 2.0, 4.0, 6.0]
 
 
+def test_claim_waits_for_readers_and_keeps_the_memory():
+    """runner.program.claim: the storage's buffer becomes its own only after the programs
+    already reading the old one ran (they see the old value), and on the cpu platform it is
+    the same memory, writable through Runtime.host_memory."""
+    from torchtpu.runner.program import claim
+    from torchtpu.runtime import pjrt
+    from torchtpu.tensor.storage import cell_of
+
+    rt = pjrt.get()
+    if rt.platform != "cpu":
+        pytest.skip("a device buffer is host memory only on the cpu platform")
+    a, w = torch.randn(600, 600), torch.randn(600, 600)
+    x, wt = a.to("tpu"), w.to("tpu")
+    y = x
+    for _ in range(4):  # enqueued, reading x's buffer
+        y = x @ wt + y
+    cell = cell_of(x)
+
+    def address() -> int:  # the view is dropped at once: it holds the buffer while it lives
+        return torch.frombuffer(rt.host_memory(cell._buf, cell.nbytes), dtype=torch.float32).data_ptr()
+
+    before = address()
+    assert claim(cell)
+    rt.block([cell._buf])
+    memory = rt.host_memory(cell._buf, cell.nbytes)
+    assert memory is not None and not memory.readonly and address() == before
+    torch.frombuffer(memory, dtype=torch.float32).fill_(7.0)
+    del memory
+    expected = a
+    for _ in range(4):
+        expected = a @ w + expected
+    torch.testing.assert_close(y.cpu(), expected, rtol=1e-4, atol=1e-3)
+    assert torch.equal(x.cpu(), torch.full((600, 600), 7.0))
+    held = cell._buf  # a second holder: not claimed, nothing changes
+    assert not claim(cell) and cell._buf is held
+
+
 def test_bad_program_text_is_a_python_error():
     from torchtpu.errors import TpuRuntimeError
     from torchtpu.runtime import pjrt

@@ -28,15 +28,22 @@ def report(obj: Any) -> None:
         print()
 
 
-def attempt(fn: Callable[[], object]) -> None:
-    """Report whether ``fn`` raised (the exception's type and text) and how long it took."""
-    t0 = time.perf_counter()
+def _outcome(fn: Callable[[], object]) -> str | None:
     try:
         fn()
-        result = {"error": None}
+        return None
     except Exception as e:  # noqa: BLE001 - the test inspects it
-        result = {"error": f"{type(e).__name__}: {e}"}
+        return f"{type(e).__name__}: {e}"
+
+
+def attempt(fn: Callable[[], object], then: Callable[[], object] | None = None) -> None:
+    """Report whether ``fn`` raised (the exception's type and text) and how long it took;
+    with ``then``, also whether that raised afterwards (``then_error``)."""
+    t0 = time.perf_counter()
+    result: dict[str, object] = {"error": _outcome(fn)}
     result["seconds"] = time.perf_counter() - t0
+    if then is not None:
+        result["then_error"] = _outcome(then)
     report(result)
 
 

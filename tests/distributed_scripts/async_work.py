@@ -18,6 +18,11 @@ from _common import close, rank_world, report
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from torchtpu import metrics
+from torchtpu.distributed.process_group import transport_kind
+from torchtpu.runtime import pjrt
+from torchtpu.tensor.storage import cell_of
+
 SIZES = [1, 7, 1024, 100_000, 3]
 
 
@@ -75,6 +80,37 @@ def views_and_cpu(rank: int, world: int) -> None:
     assert close(base, expected)
 
 
+def in_place(rank: int, world: int) -> None:
+    """A whole storage's all_reduce on the host transport (cpu platform) is reduced in the
+    buffer itself: a program enqueued before it still reads the old value, a read before
+    ``wait()`` waits and sees the sum, as do views of the storage, and the storage can be
+    updated in place afterwards. A buffer another storage shares is copied, not claimed."""
+    n = 300_000  # above the inline size: reduced on the group's worker thread
+    big = _value(rank, 3, n).to("tpu")
+    before = big * 1
+    rows = big.view(600, 500)
+    claimed = metrics.snapshot().get("collectives_in_place", 0)
+    work = dist.all_reduce(big, async_op=True)
+    early = big + 0
+    work.wait()
+    expected = _expected(world, 3, n)
+    assert close(before, _value(rank, 3, n)) and close(early, expected) and close(rows.reshape(-1), expected)
+    big.add_(1)
+    assert close(big, expected + 1)
+    small = _value(rank, 4, 7).to("tpu")
+    dist.all_reduce(small)  # synchronous, on the caller's thread
+    assert close(small, _expected(world, 4, 7))
+    if transport_kind() == "host" and pjrt.get().platform == "cpu":
+        assert metrics.snapshot().get("collectives_in_place", 0) - claimed == 2
+    shared = _value(rank, 5, 64).to("tpu")
+    held = cell_of(shared)._buf  # another holder of the buffer (as a pending graph's input would be)
+    before_shared = metrics.snapshot().get("collectives_in_place", 0)
+    dist.all_reduce(shared)
+    assert close(shared, _expected(world, 5, 64))
+    assert metrics.snapshot().get("collectives_in_place", 0) == before_shared
+    assert held is not cell_of(shared)._buf  # the old buffer was left alone: a new one holds the sum
+
+
 def coalesced(rank: int, world: int) -> None:
     ts = [_value(rank, i, n).to("tpu") for i, n in enumerate(SIZES)]
     with dist._coalescing_manager(async_ops=True) as cm:
@@ -116,7 +152,8 @@ def ddp_hook(rank: int, world: int) -> None:
 
 
 CHECKS: dict[str, Callable[[int, int], None]] = {
-    f.__name__: f for f in (many_in_flight, futures, ordered_with_sync, views_and_cpu, coalesced, all_reduce_coalesced, ddp_hook)
+    f.__name__: f
+    for f in (many_in_flight, futures, ordered_with_sync, views_and_cpu, in_place, coalesced, all_reduce_coalesced, ddp_hook)
 }
 
 

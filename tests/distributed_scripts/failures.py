@@ -46,7 +46,8 @@ def main(scenario: str) -> None:
             os._exit(3)
         dist.barrier()
         time.sleep(0.5)
-        attempt(lambda: [dist.all_reduce(t) for _ in range(3)])
+        # then: read the tensor the failed all_reduce was given (in place on the cpu platform)
+        attempt(lambda: [dist.all_reduce(t) for _ in range(3)], then=lambda: t.cpu())
     elif scenario == "shapes":
         x = torch.ones(4, 4 + rank).to("tpu")
         attempt(lambda: dist.all_reduce(x))

@@ -96,13 +96,14 @@ class GlooHostTransport:
         """Start an all_reduce on the worker thread and return its job at once; None when a
         tensor is not a whole tpu storage (the caller then runs it synchronously). ``check``
         (the cross-rank check) runs first on the worker: it is a gloo call too."""
-        whole = capture_whole(tensors)
-        if whole is None:
-            return None
         op, avg = self._reduce_op(opts)
         o = _reduce_options(op, self._timeout(opts))
+        # gloo reduces in the buffers themselves when it can (one tensor per buffer)
+        whole = capture_whole(tensors, in_place=not coalesced)
+        if whole is None:
+            return None
 
-        def run() -> None:
+        def reduce() -> None:
             if check is not None:
                 check()
             if coalesced:
@@ -113,6 +114,14 @@ class GlooHostTransport:
             for w, h in zip(whole, hosts):
                 self._finish_avg(h, avg)
                 w.store(h)
+
+        def run() -> None:
+            try:
+                reduce()
+            except BaseException as e:
+                for w in whole:
+                    w.release(e)
+                raise
 
         def traced() -> None:  # a profiler span on this worker thread: the overlap is visible
             with _spans.maybe_span("torchtpu::collective (all_reduce)", transport="host", bytes=nbytes):

@@ -190,7 +190,9 @@ class _Twin:
     __slots__ = ("buf", "host", "n", "dtype", "to_device", "twin")
 
     def __init__(self, buf: Any, host: np.ndarray, n: int, dtype: torch.dtype, to_device: Any) -> None:
-        self.buf = buf
+        # weakly: a second reference would make the storage's buffer look shared, and an
+        # in-place write (or a collective) would copy it instead of taking it over
+        self.buf = weakref.ref(buf)
         self.host: np.ndarray | None = host  # padded_rows of the upload
         self.n = n
         self.dtype = dtype
@@ -244,7 +246,10 @@ def _valid_twin(t: Any) -> _Twin | None:
     except AttributeError:  # not a tpu tensor
         return None
     entry = _TWINS.get(id(cell))
-    if entry is None or cell.lazy is not None or cell._buf is not entry[1].buf or t.dtype != cell.dtype:
+    if entry is None or cell.lazy is not None or t.dtype != cell.dtype:
+        return None
+    uploaded = entry[1].buf()
+    if uploaded is None or cell._buf is not uploaded:
         return None
     if t.is_conj() or t.is_neg():
         return None

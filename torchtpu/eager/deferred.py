@@ -448,6 +448,8 @@ class _Failed:
     """Stands in for the graph of cells whose pending computation failed: reading them
     raises the original error again instead of returning stale or zero data."""
 
+    flushed = True  # not a graph to record into (_join_forward_graph): reading raises
+
     def __init__(self, error: BaseException):
         self.error = error
 

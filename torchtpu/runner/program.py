@@ -22,6 +22,7 @@ for it, so a dead or hung peer fails the call that ran it, named.
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 from collections.abc import Iterable, Sequence
 from time import perf_counter
@@ -211,6 +212,31 @@ def write_back(program: StorageProgram, cells: Sequence[Any], outs: list[Any]) -
     for slot, buf in zip(program.updates, outs[n:]):
         cells[slot].set(buf)
     return outs[:n]
+
+
+_CLAIMS = BoundedCache("buffer claims")
+
+
+def claim(cell: Any) -> bool:
+    """Make ``cell``'s buffer its own, to be written in place outside XLA: when nothing
+    but the cell holds its buffer, give it to an identity program that donates it. XLA
+    starts that program only once every program already reading the old buffer is done,
+    and its result -- the same memory, or a private copy when a host view still holds
+    the old one -- is the cell's new buffer, which no program reads yet. False (nothing
+    changed) when another holder (a storage or a pending graph sharing the buffer) exists."""
+    buf = cell._buf
+    # references: the cell's, ``buf`` and getrefcount's argument (as dispatch._donatable)
+    if buf is None or cell.lazy is not None or sys.getrefcount(buf) != 3:
+        return False
+    key = (cell.shape, cell.numel, cell.dtype)
+    prog = _CLAIMS.get(key)
+    if prog is None:
+        pb = ProgramBuilder()
+        value = pb.storage(0, cell.shape, cell.numel, cell.dtype, True)
+        prog = _CLAIMS[key] = pb.finish([], [(0, value, cell.shape)], "claim", donate=[0])
+    del buf
+    write_back(prog, [cell], execute(prog, [cell._buf], "claim"))
+    return True
 
 
 # --------------------------------------------------------------------------

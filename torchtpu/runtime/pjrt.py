@@ -8,6 +8,7 @@ releases, so every call lives here, behind a handful of small functions:
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import re
@@ -191,6 +192,21 @@ class Runtime:
         except self._jax.JaxRuntimeError as e:
             raise TpuRuntimeError(f"torchtpu: a device computation failed: {e}") from e
         return arr
+
+    def host_memory(self, buf: Buffer, nbytes: int) -> memoryview | None:
+        """``buf``'s own memory as writable bytes, on the cpu platform (where a device
+        buffer is host memory); None on other platforms. Writing is only safe into a buffer
+        no program reads or will read meanwhile -- one the caller owns alone, made ready
+        (``runner.program.claim``); the view keeps ``buf`` alive."""
+        if self.platform != "cpu":
+            return None
+        try:
+            address = buf.unsafe_buffer_pointer()
+        except self._jax.JaxRuntimeError as e:
+            raise TpuRuntimeError(f"torchtpu: a device computation failed: {e}") from e
+        raw = (ctypes.c_char * nbytes).from_address(address)
+        raw.owner = buf  # ctypes keeps no reference to the memory's owner itself
+        return memoryview(raw).cast("B")
 
     # -- programs ----------------------------------------------------------------
     def compile(self, text: str, what: str) -> Executable:
