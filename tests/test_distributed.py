@@ -258,4 +258,4 @@ def test_async_work_futures_and_ddp_comm_hook(tmp_path: Path) -> None:
     """async_op=True, get_future(), ordering against synchronous collectives, coalescing
     blocks, DDP with a Python comm hook (the host transport)."""
     torchrun(SCRIPTS / "async_work.py", out=tmp_path)
-    assert_checks_ok(tmp_path, 2, 8)
+    assert_checks_ok(tmp_path, 2, 9)

@@ -8,6 +8,7 @@ Writes {check: "ok" | error} per rank (TORCHTPU_COLLECTIVES picks the transport)
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Callable
 
@@ -111,6 +112,25 @@ def in_place(rank: int, world: int) -> None:
     assert held is not cell_of(shared)._buf  # the old buffer was left alone: a new one holds the sum
 
 
+def sum_in_check(rank: int, world: int) -> None:
+    """A small SUM/AVG all_reduce on the host transport rides in the cross-rank check's own
+    exchange (one gloo round trip, not two): the sum as gloo gives it, 16-bit floats summed
+    exactly and rounded once, integer averages floored as gloo's path does."""
+    before = metrics.snapshot().get("collectives_in_check", 0)
+    x = _value(rank, 6, 100).to("tpu")
+    dist.all_reduce(x)
+    halves = (torch.arange(8, dtype=torch.float64) / 3 + rank).to(torch.bfloat16)
+    t = halves.to("tpu")
+    dist.all_reduce(t, op=dist.ReduceOp.AVG, async_op=True).wait()
+    every = [(torch.arange(8, dtype=torch.float64) / 3 + r).to(torch.bfloat16).double() for r in range(world)]
+    assert close(x, _expected(world, 6, 100)) and torch.equal(t.cpu(), (sum(every) / world).to(torch.bfloat16))
+    ints = torch.full((5,), rank + 1, dtype=torch.int32, device="tpu")
+    dist.all_reduce(ints, op=dist.ReduceOp.AVG)
+    assert ints.cpu().tolist() == [sum(range(1, world + 1)) // world] * 5
+    if transport_kind() == "host" and os.environ.get("TORCHTPU_DIST_CHECK", "1") != "0":
+        assert metrics.snapshot().get("collectives_in_check", 0) - before == 3
+
+
 def coalesced(rank: int, world: int) -> None:
     ts = [_value(rank, i, n).to("tpu") for i, n in enumerate(SIZES)]
     with dist._coalescing_manager(async_ops=True) as cm:
@@ -153,7 +173,7 @@ def ddp_hook(rank: int, world: int) -> None:
 
 CHECKS: dict[str, Callable[[int, int], None]] = {
     f.__name__: f
-    for f in (many_in_flight, futures, ordered_with_sync, views_and_cpu, in_place, coalesced, all_reduce_coalesced, ddp_hook)
+    for f in (many_in_flight, futures, ordered_with_sync, views_and_cpu, in_place, sum_in_check, coalesced, all_reduce_coalesced, ddp_hook)
 }
 
 

@@ -108,16 +108,22 @@ class Whole:
     def __init__(self, cell: Any, buf: Any, in_flight: InFlight | None = None) -> None:
         self.cell, self.buf, self.in_flight = cell, buf, in_flight
 
-    def to_host(self) -> torch.Tensor:
+    def to_host(self, writing: bool = True) -> torch.Tensor:
         """A writable flat CPU tensor holding the captured value (waits for the device):
-        the buffer's own memory when claimed, else a copy."""
+        the buffer's own memory when claimed, else a copy. ``writing=False``: the caller
+        only reads it until :meth:`begin_writing` (a failure before then loses nothing)."""
         rt = pjrt.get()
         rt.block([self.buf])  # releases the GIL while the device finishes
         if self.in_flight is not None:
-            self.in_flight.writing = True
+            self.in_flight.writing = writing
             return torch.frombuffer(rt.host_memory(self.buf, self.cell.nbytes), dtype=self.cell.dtype)
         arr = rt.to_numpy(self.buf).reshape(-1)
         return _from_numpy(arr if arr.flags.writeable else arr.copy(), self.cell.dtype)
+
+    def begin_writing(self) -> None:
+        """The collective starts writing the claimed buffer: a failure from now on loses its value."""
+        if self.in_flight is not None:
+            self.in_flight.writing = True
 
     def store(self, host: torch.Tensor) -> None:
         """Make ``host`` (flat, same dtype) the storage's new value: every alias sees it."""

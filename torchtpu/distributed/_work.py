@@ -20,10 +20,25 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import torch
 import torch.distributed as dist
 from torch.futures import Future
 
 from .. import _spans
+
+# Room for values in every cross-rank check's exchange (the all_gather every rank makes before
+# a collective): a small all_reduce's values ride in it, so it needs one round trip, not two
+CHECK_SLOT_BYTES = 16 << 10
+
+
+class CrossRankCheck(Protocol):
+    """The process group's cross-rank check of one collective call: one all_gather of a
+    fixed-size slot per rank -- the hash of what the rank is calling and ``payload`` (at
+    most :data:`CHECK_SLOT_BYTES`, or nothing). Raises the ``DistributedError`` that names
+    every rank's call when they differ; returns every rank's payload area, a
+    ``(group size, CHECK_SLOT_BYTES)`` uint8 tensor."""
+
+    def __call__(self, payload: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 class Pending(Protocol):

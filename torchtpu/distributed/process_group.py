@@ -33,7 +33,7 @@ from .. import config, metrics
 from ..errors import TpuError
 from ..runtime import pjrt, platforms
 from . import _fsdp
-from ._work import TpuWork, completed
+from ._work import CHECK_SLOT_BYTES, CrossRankCheck, TpuWork, completed
 from .gloo_host import GlooHostTransport
 
 ReduceOp = dist.ReduceOp
@@ -49,6 +49,7 @@ _OP_NAMES = {
     ReduceOp.PREMUL_SUM: "premul_sum",
 }
 _DESC_BYTES = 480
+_HASH_BYTES = 8  # the slot's header: crc32 of the call's description, as an int64
 
 
 class DistributedError(TpuError):
@@ -161,7 +162,9 @@ class TpuProcessGroup(dist.ProcessGroup):
         """An asynchronous collective: ``start(check)`` begins it and returns what its work
         waits on, or None when it cannot run asynchronously (then ``sync`` runs it here).
         ``check`` is the cross-rank check, which the transport runs in call order."""
-        check = (lambda: self._check(name, desc)) if config.flag("TORCHTPU_DIST_CHECK") else None
+        check: CrossRankCheck | None = None
+        if config.flag("TORCHTPU_DIST_CHECK"):
+            check = lambda payload=None: self._check(name, desc, payload)  # noqa: E731
         try:
             pending = start(check)
         except DistributedError:
@@ -188,14 +191,21 @@ class TpuProcessGroup(dist.ProcessGroup):
             self._coalesced.append(work)
         return work
 
-    def _check(self, name: str, desc: str) -> None:
-        """One tiny all_gather of a hash of ``name + desc``; on a mismatch, a second one of
-        the descriptions themselves, so every rank raises the same, complete error."""
+    def _check(self, name: str, desc: str, payload: torch.Tensor | None = None) -> torch.Tensor:
+        """One all_gather of a fixed-size slot per rank: a hash of ``name + desc`` and
+        ``payload`` (:class:`CrossRankCheck`). The slot's size is the same for every call, so
+        ranks calling different collectives still pair up in gloo (which aborts a process on
+        mismatched sizes). On a mismatch, a second all_gather of the descriptions themselves,
+        so every rank raises the same, complete error. Returns every rank's payload area."""
         text = f"{name}: {desc}"
-        mine = torch.tensor([zlib.crc32(text.encode())], dtype=torch.int64)
-        hashes = self._t.allgather_small(mine)
-        if bool((hashes == mine).all()):
-            return
+        slot = torch.zeros(_HASH_BYTES + CHECK_SLOT_BYTES, dtype=torch.uint8)
+        slot[:_HASH_BYTES].view(torch.int64)[0] = zlib.crc32(text.encode())
+        if payload is not None:
+            slot[_HASH_BYTES : _HASH_BYTES + payload.numel()] = payload
+        slots = self._t.allgather_small(slot)
+        hashes = slots[:, :_HASH_BYTES].view(torch.int64).reshape(-1)
+        if bool((hashes == hashes[self._rank]).all()):
+            return slots[:, _HASH_BYTES:]
         raw = text.encode()[:_DESC_BYTES].ljust(_DESC_BYTES, b"\0")
         texts = self._t.allgather_small(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
         decoded = [bytes(texts[r].tolist()).rstrip(b"\0").decode(errors="replace") for r in range(self._size)]
