@@ -127,6 +127,12 @@ def sum_in_check(rank: int, world: int) -> None:
     ints = torch.full((5,), rank + 1, dtype=torch.int32, device="tpu")
     dist.all_reduce(ints, op=dist.ReduceOp.AVG)
     assert ints.cpu().tolist() == [sum(range(1, world + 1)) // world] * 5
+    # rank 0 gives a view (not a whole storage: its values cannot ride in the check), the
+    # others a whole tensor of the same shape: every rank falls back to gloo's all_reduce
+    base = torch.zeros(2, 6, device="tpu") + rank
+    mixed = base[1] if rank == 0 else torch.zeros(6, device="tpu") + rank
+    dist.all_reduce(mixed)
+    assert close(mixed, torch.full((6,), float(sum(range(world))))), mixed.cpu()
     if transport_kind() == "host" and os.environ.get("TORCHTPU_DIST_CHECK", "1") != "0":
         assert metrics.snapshot().get("collectives_in_check", 0) - before == 3
 

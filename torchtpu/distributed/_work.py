@@ -34,11 +34,12 @@ CHECK_SLOT_BYTES = 16 << 10
 class CrossRankCheck(Protocol):
     """The process group's cross-rank check of one collective call: one all_gather of a
     fixed-size slot per rank -- the hash of what the rank is calling and ``payload`` (at
-    most :data:`CHECK_SLOT_BYTES`, or nothing). Raises the ``DistributedError`` that names
-    every rank's call when they differ; returns every rank's payload area, a
-    ``(group size, CHECK_SLOT_BYTES)`` uint8 tensor."""
+    most :data:`CHECK_SLOT_BYTES` of uint8, or nothing). Raises the ``DistributedError``
+    that names every rank's call when they differ. Returns every rank's payload area, a
+    ``(group size, CHECK_SLOT_BYTES)`` uint8 tensor, when every rank sent a payload; None
+    when some rank did not (the collective then runs as usual on every rank)."""
 
-    def __call__(self, payload: torch.Tensor | None = None) -> torch.Tensor: ...
+    def __call__(self, payload: torch.Tensor | None = None) -> torch.Tensor | None: ...
 
 
 class Pending(Protocol):

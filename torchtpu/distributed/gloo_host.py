@@ -117,10 +117,9 @@ class GlooHostTransport:
         fits_check = check is not None and not coalesced and _sums_in_check(whole, op)
 
         def reduce() -> None:
-            if fits_check:
-                self._sum_in_check(whole[0], check, avg)
+            if fits_check and self._sum_in_check(whole[0], check, avg):
                 return
-            if check is not None:
+            if check is not None and not fits_check:
                 check()
             if coalesced:
                 self._reduce_whole_coalesced(whole, o, avg)
@@ -150,15 +149,19 @@ class GlooHostTransport:
             return job
         return self.worker.submit(traced)
 
-    def _sum_in_check(self, whole: Whole, check: CrossRankCheck, avg: bool) -> None:
+    def _sum_in_check(self, whole: Whole, check: CrossRankCheck, avg: bool) -> bool:
         """A small SUM/AVG all_reduce in the cross-rank check's own exchange: every rank
         gathers every rank's values with its check slot and adds them up in rank order, so
         it costs one gloo round trip instead of two and every rank gets the same bits.
         16-bit floats are summed in float32 and rounded once (gloo rounds after every
-        addition). A mismatch raises before anything is written into the tensor."""
-        metrics.add("collectives_in_check")
+        addition). A mismatch raises before anything is written into the tensor. False
+        (the check done, nothing written) when a peer sent no values: its tensor is not a
+        whole storage, and it runs gloo's all_reduce, as this rank must then too."""
         host = whole.to_host(writing=False)
         slots = check(host.view(torch.uint8))
+        if slots is None:
+            return False
+        metrics.add("collectives_in_check")
         values = [slots[r, : host.numel() * host.element_size()].view(host.dtype) for r in range(self.size)]
         acc = values[0].to(torch.float32 if host.dtype in (torch.float16, torch.bfloat16) else host.dtype, copy=True)
         for v in values[1:]:
@@ -167,6 +170,7 @@ class GlooHostTransport:
         whole.begin_writing()
         host.copy_(acc)
         whole.store(host)
+        return True
 
     def _reduce_whole_coalesced(self, whole: list[Whole], o: Any, avg: bool) -> None:
         by_dtype: dict[torch.dtype, list[Whole]] = {}

@@ -49,7 +49,7 @@ _OP_NAMES = {
     ReduceOp.PREMUL_SUM: "premul_sum",
 }
 _DESC_BYTES = 480
-_HASH_BYTES = 8  # the slot's header: crc32 of the call's description, as an int64
+_HEADER_BYTES = 16  # the check slot's header: crc32 of the call's description, the payload's length (-1: none)
 
 
 class DistributedError(TpuError):
@@ -191,21 +191,25 @@ class TpuProcessGroup(dist.ProcessGroup):
             self._coalesced.append(work)
         return work
 
-    def _check(self, name: str, desc: str, payload: torch.Tensor | None = None) -> torch.Tensor:
-        """One all_gather of a fixed-size slot per rank: a hash of ``name + desc`` and
-        ``payload`` (:class:`CrossRankCheck`). The slot's size is the same for every call, so
-        ranks calling different collectives still pair up in gloo (which aborts a process on
-        mismatched sizes). On a mismatch, a second all_gather of the descriptions themselves,
-        so every rank raises the same, complete error. Returns every rank's payload area."""
+    def _check(self, name: str, desc: str, payload: torch.Tensor | None = None) -> torch.Tensor | None:
+        """One all_gather of a fixed-size slot per rank: a hash of ``name + desc``, the
+        length of ``payload`` and the payload (:class:`CrossRankCheck`). The slot's size is
+        the same for every call, so ranks calling different collectives still pair up in
+        gloo (which aborts a process on mismatched sizes). On a mismatch, a second
+        all_gather of the descriptions themselves, so every rank raises the same, complete
+        error. Returns every rank's payload area when every rank sent a payload, else None."""
         text = f"{name}: {desc}"
-        slot = torch.zeros(_HASH_BYTES + CHECK_SLOT_BYTES, dtype=torch.uint8)
-        slot[:_HASH_BYTES].view(torch.int64)[0] = zlib.crc32(text.encode())
+        slot = torch.zeros(_HEADER_BYTES + CHECK_SLOT_BYTES, dtype=torch.uint8)
+        header = slot[:_HEADER_BYTES].view(torch.int64)
+        header[0] = zlib.crc32(text.encode())
+        header[1] = -1 if payload is None else payload.numel()
         if payload is not None:
-            slot[_HASH_BYTES : _HASH_BYTES + payload.numel()] = payload
+            slot[_HEADER_BYTES : _HEADER_BYTES + payload.numel()] = payload
         slots = self._t.allgather_small(slot)
-        hashes = slots[:, :_HASH_BYTES].view(torch.int64).reshape(-1)
-        if bool((hashes == hashes[self._rank]).all()):
-            return slots[:, _HASH_BYTES:]
+        headers = slots[:, :_HEADER_BYTES].view(torch.int64)
+        if bool((headers[:, 0] == header[0]).all()):
+            # a peer whose tensor cannot travel in the check (not a whole storage) sent none
+            return slots[:, _HEADER_BYTES:] if bool((headers[:, 1] >= 0).all()) else None
         raw = text.encode()[:_DESC_BYTES].ljust(_DESC_BYTES, b"\0")
         texts = self._t.allgather_small(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
         decoded = [bytes(texts[r].tolist()).rstrip(b"\0").decode(errors="replace") for r in range(self._size)]
