@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -42,8 +43,21 @@ def _check_rc(procs_out: list[tuple[int, str]]) -> None:
 
 def torchrun(script: Path, *args: str, nproc: int = 2, out: Path, timeout: float = 240) -> None:
     cmd = [*TORCHRUN, f"--nproc-per-node={nproc}", f"--master-port={_free_port()}", str(script), *args]
-    p = subprocess.run(cmd, env=_env(out), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    _check_rc([(p.returncode, p.stdout + p.stderr)])
+    _check_rc([run_group(cmd, _env(out), timeout)])
+
+
+def run_group(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """Run ``cmd`` (torchrun) in a process group of its own: (exit code, output). At the
+    timeout the whole group is killed -- torchrun and its workers: killing torchrun alone
+    left hung ranks running into the tests after it -- and the test fails with the output."""
+    p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        output, _ = p.communicate()
+        pytest.fail(f"{' '.join(cmd[3:])} timed out after {timeout:g}s:\n{output[-4000:]}")
+    return p.returncode, output
 
 
 def spawn(

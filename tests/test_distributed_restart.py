@@ -5,11 +5,10 @@ checkpoint, and ends with the uninterrupted run's losses."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from test_distributed import EXAMPLES, ROOT, TORCHRUN, _env, _free_port
+from test_distributed import EXAMPLES, TORCHRUN, _env, _free_port, run_group
 
 SCRIPT = EXAMPLES / "restart.py"
 STEPS, EVERY, KILL_AT = 12, 4, 7
@@ -21,8 +20,8 @@ def _train(tmp_path: Path, name: str, restarts: int = 0, kill_at: int = 0, **env
     out.mkdir()
     cmd = [*TORCHRUN, "--nproc-per-node=2", f"--master-port={_free_port()}", f"--max-restarts={restarts}", str(SCRIPT)]
     cmd += ["--ckpt", str(ckpt), "--steps", str(STEPS), "--every", str(EVERY), "--kill-at", str(kill_at)]
-    p = subprocess.run(cmd, env=_env(out, **env), capture_output=True, text=True, timeout=400, cwd=ROOT)
-    assert p.returncode == 0, f"torchrun failed (rc {p.returncode}):\n{(p.stdout + p.stderr)[-4000:]}"
+    rc, output = run_group(cmd, _env(out, **env), timeout=400)
+    assert rc == 0, f"torchrun failed (rc {rc}):\n{output[-4000:]}"
     result = json.loads((out / "restart_rank0.json").read_text())
     result["killed"] = (ckpt / "killed_once").exists()
     return result
