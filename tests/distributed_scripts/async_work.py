@@ -115,7 +115,8 @@ def in_place(rank: int, world: int) -> None:
 def sum_in_check(rank: int, world: int) -> None:
     """A small SUM/AVG all_reduce on the host transport rides in the cross-rank check's own
     exchange (one gloo round trip, not two): the sum as gloo gives it, 16-bit floats summed
-    exactly and rounded once, integer averages floored as gloo's path does."""
+    exactly and rounded once, integer averages floored as gloo's path does. Small all_gathers
+    (into one tensor or a list) ride in it too."""
     before = metrics.snapshot().get("collectives_in_check", 0)
     x = _value(rank, 6, 100).to("tpu")
     dist.all_reduce(x)
@@ -133,8 +134,15 @@ def sum_in_check(rank: int, world: int) -> None:
     mixed = base[1] if rank == 0 else torch.zeros(6, device="tpu") + rank
     dist.all_reduce(mixed)
     assert close(mixed, torch.full((6,), float(sum(range(world))))), mixed.cpu()
+    # small all_gathers ride in the check too (its exchange is an all_gather)
+    flat = torch.empty(3 * world, dtype=torch.int64, device="tpu")
+    dist.all_gather_into_tensor(flat, torch.arange(3, device="tpu") + 10 * rank)
+    parts = [torch.empty(2, 2, device="tpu") for _ in range(world)]
+    dist.all_gather(parts, torch.full((2, 2), float(rank), device="tpu").to(torch.bfloat16).float())
+    assert flat.cpu().tolist() == [i + 10 * r for r in range(world) for i in range(3)]
+    assert all(torch.equal(p.cpu(), torch.full((2, 2), float(r))) for r, p in enumerate(parts))
     if transport_kind() == "host" and os.environ.get("TORCHTPU_DIST_CHECK", "1") != "0":
-        assert metrics.snapshot().get("collectives_in_check", 0) - before == 3
+        assert metrics.snapshot().get("collectives_in_check", 0) - before == 5
 
 
 def coalesced(rank: int, world: int) -> None:

@@ -238,6 +238,28 @@ class GlooHostTransport:
         self.gloo._allgather_base(h, read_view(input).contiguous()).wait()
         write_back(output, h)
 
+    def allgather_in_check(self, outputs: list[torch.Tensor], input: torch.Tensor, check: CrossRankCheck) -> bool:
+        """An all_gather of at most :data:`CHECK_SLOT_BYTES` within the cross-rank check's
+        own exchange (which is an all_gather): one gloo round trip instead of two.
+        ``outputs``: one tensor of ``size`` x the input's elements (all_gather_into_tensor)
+        or one per rank. False (the check made, nothing written) when the input does not
+        fit the slot or a peer sent no values."""
+        nbytes = input.numel() * input.element_size()
+        if nbytes > CHECK_SLOT_BYTES or input.dtype.is_complex:
+            check()
+            return False
+        slots = check(read_view(input).contiguous().reshape(-1).view(torch.uint8))
+        if slots is None:
+            return False
+        metrics.add("collectives_in_check")
+        gathered = slots[:, :nbytes].contiguous().view(input.dtype)  # (size, numel): a copy, rank by rank
+        if len(outputs) == 1:
+            write_back(outputs[0], gathered.view(outputs[0].shape))
+        else:
+            for o, row in zip(outputs, gathered):
+                write_back(o, row.view(o.shape))
+        return True
+
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> None:
         for outs, inp in zip(output_lists, inputs):
             flat = torch.empty((self.size * inp.numel(),), dtype=inp.dtype)

@@ -330,6 +330,12 @@ class XlaTransport:
             return
         self._gather_into([output], input, "all_gather_into_tensor")
 
+    def allgather_in_check(self, outputs: list[torch.Tensor], input: torch.Tensor, check: Any) -> bool:
+        """The host transport carries a small all_gather in the cross-rank check; here the
+        all_gather is a device program (or recorded into the pending graph): only the check."""
+        check()
+        return False
+
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> None:
         if self._on_host(inputs, *output_lists):
             return self.host.allgather(output_lists, inputs, opts)
