@@ -49,6 +49,12 @@ def _sums_in_check(whole: list[Whole], op: Any) -> bool:
     return len(whole) == 1 and op == ReduceOp.SUM and whole[0].cell.dtype in _SUMMABLE and whole[0].cell.nbytes <= CHECK_SLOT_BYTES
 
 
+def _gathered(slots: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Every rank's values of ``like``'s size and dtype from the check's payload areas:
+    ``(group size, like.numel())``, a copy."""
+    return slots[:, : like.numel() * like.element_size()].contiguous().view(like.dtype)
+
+
 def _reduce_options(op: Any, timeout: timedelta) -> Any:
     o = dist.AllreduceOptions()
     o.reduceOp = op
@@ -162,7 +168,7 @@ class GlooHostTransport:
         if slots is None:
             return False
         metrics.add("collectives_in_check")
-        values = [slots[r, : host.numel() * host.element_size()].view(host.dtype) for r in range(self.size)]
+        values = _gathered(slots, host)
         acc = values[0].to(torch.float32 if host.dtype in (torch.float16, torch.bfloat16) else host.dtype, copy=True)
         for v in values[1:]:
             acc.add_(v)
@@ -252,7 +258,7 @@ class GlooHostTransport:
         if slots is None:
             return False
         metrics.add("collectives_in_check")
-        gathered = slots[:, :nbytes].contiguous().view(input.dtype)  # (size, numel): a copy, rank by rank
+        gathered = _gathered(slots, input)
         if len(outputs) == 1:
             write_back(outputs[0], gathered.view(outputs[0].shape))
         else:

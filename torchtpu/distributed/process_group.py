@@ -158,7 +158,7 @@ class TpuProcessGroup(dist.ProcessGroup):
             if desc is not None and config.flag("TORCHTPU_DIST_CHECK"):
                 if in_check is None:
                     self._check(name, desc)
-                elif in_check(lambda payload=None: self._check(name, desc, payload)):
+                elif in_check(self._checker(name, desc)):
                     return None
             return fn()
         except DistributedError:
@@ -170,9 +170,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         """An asynchronous collective: ``start(check)`` begins it and returns what its work
         waits on, or None when it cannot run asynchronously (then ``sync`` runs it here).
         ``check`` is the cross-rank check, which the transport runs in call order."""
-        check: CrossRankCheck | None = None
-        if config.flag("TORCHTPU_DIST_CHECK"):
-            check = lambda payload=None: self._check(name, desc, payload)  # noqa: E731
+        check = self._checker(name, desc) if config.flag("TORCHTPU_DIST_CHECK") else None
         try:
             pending = start(check)
         except DistributedError:
@@ -198,6 +196,10 @@ class TpuProcessGroup(dist.ProcessGroup):
         if self._coalesced is not None:  # inside _coalescing_manager: its work waits for these
             self._coalesced.append(work)
         return work
+
+    def _checker(self, name: str, desc: str) -> CrossRankCheck:
+        """The cross-rank check of this call, for a transport to make (with a payload or not)."""
+        return lambda payload=None: self._check(name, desc, payload)
 
     def _check(self, name: str, desc: str, payload: torch.Tensor | None = None) -> torch.Tensor | None:
         """One all_gather of a fixed-size slot per rank: a hash of ``name + desc``, the
