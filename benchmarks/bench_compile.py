@@ -79,8 +79,14 @@ def mlp_data(device: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(B, D, generator=g).to(device), torch.randint(0, C, (B,), generator=g).to(device)
 
 
-def timed(step, device: str, steps: int = MLP_N, warm: int = WARM) -> dict:
-    """First step (incl. compilation), then the median of ``steps`` after ``warm``."""
+PIPELINE = 10  # steps per synchronize in the pipelined timing
+
+
+def timed(step, device: str, steps: int = MLP_N, warm: int = WARM, pipelined: bool = False) -> dict:
+    """First step (incl. compilation), then the median of ``steps`` after ``warm``, each
+    waited for. ``pipelined``: also the median per-step time of groups of PIPELINE steps
+    with one synchronize per group (a loop that reads its loss every few steps), whose
+    host work overlaps the device's; measured after the loss is read."""
     t0 = time.perf_counter()
     loss = step()
     sync(device)
@@ -94,11 +100,28 @@ def timed(step, device: str, steps: int = MLP_N, warm: int = WARM) -> dict:
         loss = step()
         sync(device)
         ts.append(time.perf_counter() - t0)
-    return {"first_step_s": first, "step_s": statistics.median(ts), "loss": float(loss.item())}
+    out = {"first_step_s": first, "step_s": statistics.median(ts), "loss": float(loss.item())}
+    if pipelined:
+        out["pipelined_step_s"] = pipelined_step(step, device, max(1, steps // PIPELINE))
+    return out
+
+
+def pipelined_step(step: Callable[[], Any], device: str, groups: int) -> float:
+    """Median per-step time of ``groups`` groups of PIPELINE steps, one synchronize each
+    (after one untimed group: a step that follows an unsynchronized one may differ)."""
+    per_step = []
+    for g in range(groups + 1):
+        t0 = time.perf_counter()
+        for _ in range(PIPELINE):
+            step()
+        sync(device)
+        if g:
+            per_step.append((time.perf_counter() - t0) / PIPELINE)
+    return statistics.median(per_step)
 
 
 # -- MLP variants --------------------------------------------------------------------------------
-def mlp_module_step(device: str, compile_backend: str | None) -> dict:
+def mlp_module_step(device: str, compile_backend: str | None, pipelined: bool = False) -> dict:
     torch._dynamo.reset()
     model = make_mlp().to(device)
     fwd = torch.compile(model, backend=compile_backend) if compile_backend else model
@@ -112,7 +135,7 @@ def mlp_module_step(device: str, compile_backend: str | None) -> dict:
         opt.step()
         return loss
 
-    return timed(step, device)
+    return timed(step, device, pipelined=pipelined)
 
 
 def functional_step(options: dict | None = None) -> tuple[Callable[[], torch.Tensor], Callable, dict]:
@@ -136,9 +159,9 @@ def functional_step(options: dict | None = None) -> tuple[Callable[[], torch.Ten
     return (lambda: compiled(params, x, y)), train_step, {"p": params, "x": x, "y": y}
 
 
-def mlp_whole_step_functional() -> dict:
+def mlp_whole_step_functional(pipelined: bool = False) -> dict:
     """One program per step: forward, backward and the SGD update (in place, donated)."""
-    return timed(functional_step()[0], "tpu")
+    return timed(functional_step()[0], "tpu", pipelined=pipelined)
 
 
 def mlp_whole_step_stock(eager_mode: str = "eager") -> dict:

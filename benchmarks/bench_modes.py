@@ -5,6 +5,10 @@ Workload: 3-layer MLP 1024-1024-1024-10, batch 64, cross-entropy, SGD lr 0.01, s
 one step = zero_grad + forward + backward + SGD + synchronize. Steady-state median of MLP_N steps after WARM warm-up steps; the loss after
 1 + WARM + MLP_N steps (1.7841 with the defaults) checks correctness.
 
+Pipelined: the median per-step time of groups of 10 steps with one synchronize (JAX: one wait)
+per group, as a loop that reads its loss every few steps runs: the host's recording or
+dispatch of a step overlaps the device's run of the one before.
+
 Rows:
   tpu eager            one cached program per op
   tpu DeferAndFuse     torchtpu.eager_mode("defer_and_fuse"), the stock training loop
@@ -15,6 +19,9 @@ Rows:
   peer DeferAndFuse    in its DEFER_AND_FUSE mode, on an XLA CPU PjRT plugin: peer_mlp.py run by
                        --peer-python or PEER_PYTHON (skipped with a note when neither is given)
   CPU eager            PyTorch on the host
+DeferAndFuse recording: the host time of one step before its synchronize (the ops are recorded,
+nothing runs), per recorded op, and the part of it inside torchtpu's dispatch (the rest is
+PyTorch's: module calls, the autograd engine, the optimizer), in a process of its own.
 First step: the first step in a fresh process, cold (empty TORCHTPU_CACHE_DIR) and warm (the
 same directory again: executables come from the disk cache), for DeferAndFuse and for
 torch.compile(backend="tpu"): the one-program step and the compiled model (forward and
@@ -108,6 +115,43 @@ m = torchtpu.metrics.snapshot()
 print(json.dumps({"first_step_s": t2 - t1, "import_and_setup_s": t1 - t0, "dynamo_import_s": t_dynamo, "compiles": m["compiles"],
                   "disk_cache_hits": m["disk_cache_hits"], "loss": float(loss.item())}))
 """
+# The host side of one DeferAndFuse step, in a process of its own: torchtpu's dispatch entry is
+# timed from the first op on (its kernels bind it when they are registered, at the first tpu op)
+RECORDING_CHILD = r"""
+import json, statistics, sys, time
+import torch, torch.nn.functional as F, torchtpu
+from torchtpu.eager import dispatch
+sys.path.insert(0, sys.argv[1])
+import bench_compile as bc
+run, inside = dispatch.run, [0.0, 0]
+def timed(op, args, kwargs):
+    t0 = time.perf_counter()
+    try:
+        return run(op, args, kwargs)
+    finally:
+        inside[0] += time.perf_counter() - t0
+        inside[1] += 1
+dispatch.run = timed
+model = bc.make_mlp().to("tpu")
+opt = torch.optim.SGD(model.parameters(), lr=bc.LR)
+x, y = bc.mlp_data("tpu")
+torchtpu.set_eager_mode("defer_and_fuse")
+host, ours, ops = [], [], 0
+for i in range(bc.WARM + bc.MLP_N):
+    inside[:] = [0.0, 0]
+    t0 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    t1 = time.perf_counter()
+    ops = inside[1]
+    torch.tpu.synchronize()  # outside the window: the recorded graph runs here
+    if i >= bc.WARM:
+        host.append(t1 - t0)
+        ours.append(inside[0] / ops)
+print(json.dumps({"ops": ops, "host_step_s": statistics.median(host), "torchtpu_per_op_s": statistics.median(ours)}))
+"""
+
 FIRST_STEP_ROWS = (
     ("DeferAndFuse", [FIRST_STEP_CHILD]),
     ("compiled one-program step", [FIRST_COMPILED_CHILD, "step"]),
@@ -119,10 +163,19 @@ def stock_step(mode: str) -> dict:
     """The stock training loop (bench_compile's, uncompiled) under an eager mode."""
     torchtpu.metrics.reset()
     with torchtpu.eager_mode(mode):
-        res = bc.mlp_module_step("tpu", None)
+        res = bc.mlp_module_step("tpu", None, pipelined=True)
     m = torchtpu.metrics.snapshot()
     res["compiles"], res["executions"], res["flushes_by_reason"] = m["compiles"], m["executions"], m["flushes_by_reason"]
     return res
+
+
+def recording_cost() -> dict:
+    """The host time of a DeferAndFuse MLP step (recording only), and the part of it spent
+    inside torchtpu per recorded op; the rest is PyTorch's own (modules, autograd, optimizer)."""
+    run = subprocess.run(
+        [sys.executable, "-c", RECORDING_CHILD, os.path.dirname(__file__)], capture_output=True, text=True, timeout=600
+    )
+    return json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {"error": run.stderr[-500:]}
 
 
 def first_steps() -> dict:
@@ -161,12 +214,15 @@ def main() -> None:
     jax = bc.jax_reference(bc.jax_python(args.jax_python))
     if "step_ms" in jax:  # bench_jax.py's units
         jax = {**jax, "step_s": jax["step_ms"] / 1e3, "loss": jax.get("loss_last", float("nan"))}
+        if "step_ms_pipelined" in jax:
+            jax["pipelined_step_s"] = jax["step_ms_pipelined"] / 1e3
     res["jax_jit"] = jax
     res.update(peer_rows(peer_mlp.peer_python(args.peer_python)))
     res["eager"] = stock_step("eager")
     res["defer_and_fuse"] = stock_step("defer_and_fuse")
-    res["compiled_step"] = bc.mlp_whole_step_functional()
+    res["compiled_step"] = bc.mlp_whole_step_functional(pipelined=True)
     res["cpu_eager"] = bc.mlp_module_step("cpu", None)
+    res["recording"] = recording_cost()
     res["first_step"] = first_steps()
     report(res)
     if os.environ.get("OUT"):
@@ -178,7 +234,11 @@ def report(res: dict) -> None:
     jax = res["jax_jit"]
     ref = jax.get("step_s")
     print(f"platform {res['platform']}  torch {res['torch']}  threads {res['threads']}  MLP_N={bc.MLP_N} WARM={bc.WARM}")
-    print(f"{'MLP step':<22}{'median':>11}{'vs JAX jit':>12}{'vs CPU eager':>14}{'first step':>12}{'loss':>9}")
+    print(
+        f"{'MLP step':<22}{'median':>11}{'vs JAX jit':>12}{'vs CPU eager':>14}{'first step':>12}{'loss':>9}"
+        f"{'pipelined':>12}{'vs JAX':>8}"
+    )
+    ref_pipelined = jax.get("pipelined_step_s")
     cpu = res["cpu_eager"]["step_s"]
     rows = [
         ("JAX jit", jax),
@@ -194,14 +254,27 @@ def report(res: dict) -> None:
             print(f"{name:<22}  skipped: {r.get('skipped', r)}")
             continue
         vs_jax = f"{r['step_s'] / ref:.2f}" if ref else "-"
+        pipelined = r.get("pipelined_step_s")
+        piped = f"{pipelined * 1e3:>9.2f} ms" if pipelined else f"{'-':>12}"
+        piped += f"{pipelined / ref_pipelined:>8.2f}" if pipelined and ref_pipelined else f"{'-':>8}"
         print(
             f"{name:<22}{r['step_s'] * 1e3:>8.2f} ms{vs_jax:>12}{r['step_s'] / cpu:>14.2f}{r['first_step_s']:>10.2f} s{r['loss']:>9.4f}"
+            f"{piped}"
         )
     for ours, theirs in (("eager", "peer_eager"), ("defer_and_fuse", "peer_defer_and_fuse")):
         if "step_s" in res[theirs]:
             print(f"tpu {ours} / reference system's {ours}: {res[ours]['step_s'] / res[theirs]['step_s']:.2f}")
     d = res["defer_and_fuse"]
     print(f"DeferAndFuse over the run: compiles={d['compiles']} executions={d['executions']} flushes={d['flushes_by_reason']}")
+    rec = res["recording"]
+    if "error" in rec:
+        print(f"DeferAndFuse recording: error {rec['error']}")
+    else:
+        print(
+            f"DeferAndFuse recording (host, before the synchronize): {rec['host_step_s'] * 1e3:.2f} ms per step for "
+            f"{rec['ops']} ops = {rec['host_step_s'] / rec['ops'] * 1e6:.1f} us per op, of which inside torchtpu "
+            f"{rec['torchtpu_per_op_s'] * 1e6:.1f} us per op (the rest: PyTorch's modules, autograd engine, optimizer)"
+        )
     for label, r in res["first_step"].items():
         if "error" in r:
             print(f"first step, {label} disk cache: error {r['error']}")
