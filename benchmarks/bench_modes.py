@@ -169,13 +169,19 @@ def stock_step(mode: str) -> dict:
     return res
 
 
+def run_child(script: str, args: list[str], env: dict[str, str] | None = None) -> dict:
+    """Run ``script`` in a fresh python with this directory and ``args`` as its arguments:
+    the JSON object it prints last, or {"error": its stderr's tail}."""
+    run = subprocess.run(
+        [sys.executable, "-c", script, os.path.dirname(__file__), *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    return json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {"error": run.stderr[-500:]}
+
+
 def recording_cost() -> dict:
     """The host time of a DeferAndFuse MLP step (recording only), and the part of it spent
     inside torchtpu per recorded op; the rest is PyTorch's own (modules, autograd, optimizer)."""
-    run = subprocess.run(
-        [sys.executable, "-c", RECORDING_CHILD, os.path.dirname(__file__)], capture_output=True, text=True, timeout=600
-    )
-    return json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {"error": run.stderr[-500:]}
+    return run_child(RECORDING_CHILD, [])
 
 
 def first_steps() -> dict:
@@ -185,15 +191,7 @@ def first_steps() -> dict:
         cache = scratch_dir("bench_modes_cache_")
         env = dict(os.environ, TORCHTPU_CACHE_DIR=cache)
         for label in ("cold", "warm"):
-            run = subprocess.run(
-                [sys.executable, "-c", script, os.path.dirname(__file__), *args],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-            ok = run.returncode == 0
-            out[f"{name}, {label}"] = json.loads(run.stdout.strip().splitlines()[-1]) if ok else {"error": run.stderr[-500:]}
+            out[f"{name}, {label}"] = run_child(script, args, env)
     return out
 
 
