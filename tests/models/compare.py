@@ -7,7 +7,11 @@ one training backward, and the parameters after one SGD step (rtol 1e-3, atol 1e
 Where gradients or stepped parameters miss that tolerance, a float64 copy of the model on
 the CPU arbitrates: an element passes when the tpu value is at least as close to float64
 as the CPU's float32 value (within the same tolerance), since the CPU is then no better a
-reference than tpu. The detail says how many tensors were settled that way.
+reference than tpu. The detail says how many tensors were settled that way. Where the
+CPU's own float32 values miss float64 beyond the tolerance, the stage is ill-conditioned
+(``_judge_ill_conditioned``: ReLU inputs within rounding of 0) and is judged as bfloat16
+is, below, with the tolerance's rtol as the floor; and a stage that still misses by its
+values only runs again on other inputs (``_other_inputs_decide``), as in bfloat16.
 
 In bfloat16 (``precision="bfloat16"``: the model and its float inputs cast to bfloat16 on
 both sides) and under autocast (``precision="autocast"``: float32 weights, the forward and
@@ -65,7 +69,8 @@ NEAR_SUBNORMAL = torch.finfo(torch.float32).tiny * 2.0**24
 # an eager kernel's check that compiled code makes on no backend (inductor on the CPU fills
 # bfloat16 with float32's minimum as -inf where the eager kernel raises)
 UNCHECKED_COMPILED = "value cannot be converted to type"
-RERUN_SEEDS = (2, 3, 4)  # the inputs' seeds of a low-precision case that missed the bound
+NONE_ON_ONE_SIDE = "(None on one side)"  # a gradient one side has and the other not: compared as ones vs zeros
+RERUN_SEEDS = (2, 3, 4)  # the inputs' seeds of a case that missed the bound
 
 
 @dataclasses.dataclass
@@ -88,6 +93,7 @@ class StageResult:
     # dtype or shape difference), which a rounding at a discontinuity can do by chance
     missed_bound: bool = False
     passed_on_other_inputs: bool = False  # missed the bound on the first inputs only
+    ill_conditioned: bool = False  # float32, judged by errors to float64 (``_judge_ill_conditioned``)
 
 
 @dataclasses.dataclass
@@ -143,6 +149,8 @@ def _mismatch(actual: torch.Tensor, expected: torch.Tensor, tol: dict[str, float
 def _no_farther_from_float64(actual: torch.Tensor, expected: torch.Tensor, reference: torch.Tensor, tol: dict[str, float]) -> bool:
     """Every element of ``actual`` is within ``tol`` of ``expected`` or at least as close
     to the float64 ``reference`` as ``expected`` is (up to the same tolerance)."""
+    if actual.dtype != expected.dtype:
+        return False
     a, e, r = actual.detach().cpu().double(), expected.detach().double(), reference.detach().double()
     if a.shape != r.shape:
         return False
@@ -167,16 +175,19 @@ class LowPrecisionErrors:
     tpu: float
     cpu: float
     reference: torch.dtype
+    floor: float = LOW_PRECISION_FLOOR  # an error this small is no difference
 
     @property
     def ratio(self) -> float:
-        return (self.tpu + LOW_PRECISION_FLOOR) / (self.cpu + LOW_PRECISION_FLOOR)
+        return (self.tpu + self.floor) / (self.cpu + self.floor)
 
     def __str__(self) -> str:
         return f"relative error to {str(self.reference).removeprefix('torch.')} {self.tpu:.3g}, the CPU's {self.cpu:.3g}"
 
 
-def _low_precision_errors(actual: torch.Tensor, expected: torch.Tensor, reference: torch.Tensor, check_dtype: bool) -> LowPrecisionErrors | str:
+def _low_precision_errors(
+    actual: torch.Tensor, expected: torch.Tensor, reference: torch.Tensor, check_dtype: bool, floor: float = LOW_PRECISION_FLOOR
+) -> LowPrecisionErrors | str:
     """Both sides' errors to the ``reference`` value, or what makes them incomparable."""
     a = actual.detach().cpu()
     if a.shape != expected.shape or (check_dtype and a.dtype != expected.dtype):
@@ -194,7 +205,7 @@ def _low_precision_errors(actual: torch.Tensor, expected: torch.Tensor, referenc
     compared = finite & (r.abs() >= NEAR_SUBNORMAL)
     a, e, r = a[compared], e[compared], r[compared]
     scale = float(r.norm()) or 1.0
-    return LowPrecisionErrors(float((a - r).norm()) / scale, float((e - r).norm()) / scale, dtype)
+    return LowPrecisionErrors(float((a - r).norm()) / scale, float((e - r).norm()) / scale, dtype, floor)
 
 
 def _compare_all(
@@ -215,15 +226,52 @@ def _compare_all(
     if not bad:
         note = f"; {arbitrated} settled by float64 (tpu at least as close as the CPU)" if arbitrated else ""
         return StageResult(True, f"{len(pairs)} tensors{note}")
-    return _failed(bad, len(pairs))
+    if reference is not None and (missed := _cpu_misses_float64(pairs, reference, tol)):
+        return _judge_ill_conditioned(pairs, reference, tol, missed)
+    failed = _failed(bad, len(pairs))
+    tensors = {name: (a, e) for name, a, e in pairs}
+    failed.missed_bound = all(NONE_ON_ONE_SIDE not in name and _only_values_differ(*tensors[name]) for name, _ in bad)
+    return failed
 
 
-def _compare_low_precision(pairs: list[tuple[str, torch.Tensor, torch.Tensor]], reference: Reference | None, check_dtype: bool) -> StageResult:
+def _only_values_differ(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Same shape and dtype, every element finite on both sides: what a switched kink does."""
+    a, e = actual.detach().cpu(), expected.detach()
+    return a.shape == e.shape and a.dtype == e.dtype and bool(torch.isfinite(a).all()) and bool(torch.isfinite(e).all())
+
+
+def _cpu_misses_float64(pairs: list[tuple[str, torch.Tensor, torch.Tensor]], reference: Reference, tol: dict[str, float]) -> list[str]:
+    """The tensors whose CPU float32 value misses the float64 ``reference`` beyond ``tol``."""
+    return [name for name, _, e in pairs if name in reference.values and _mismatch(e.double(), reference.values[name].double(), tol) is not None]
+
+
+def _judge_ill_conditioned(
+    pairs: list[tuple[str, torch.Tensor, torch.Tensor]], reference: Reference, tol: dict[str, float], missed: list[str]
+) -> StageResult:
+    """A float32 stage the CPU itself cannot compute within ``tol`` of float64.
+
+    Deep ReLU networks with train-mode BatchNorm over small maps (torchvision's ResNeXt,
+    MNASNet, GoogLeNet on 4 images of 64x64) have ReLU inputs within float32 rounding of 0
+    on every input: about 14 of ResNeXt-50's land on the other side of 0 than in float64 in
+    one run, on tpu and on the CPU alike (12-16 each over three inputs), and each switches a
+    gradient term of the elements behind it. Which tensors that touches differs from run to
+    run, so tpu and the CPU differ beyond ``tol`` in a few tensors where neither is the
+    float64 value. Such a stage is judged as bfloat16's is, by each tensor's error to
+    float64 against the CPU's, with ``tol``'s rtol as the floor (an error below the
+    tolerance is no difference): a wrong value still misses by far more than a switched term."""
+    result = _compare_low_precision(pairs, reference, check_dtype=True, floor=tol["rtol"])
+    cause = f"ill-conditioned: the CPU's float32 misses float64 beyond the tolerance in {len(missed)} tensors (first {missed[0]}), judged by errors to float64"
+    return dataclasses.replace(result, detail=f"{cause}; {result.detail}", ill_conditioned=True)
+
+
+def _compare_low_precision(
+    pairs: list[tuple[str, torch.Tensor, torch.Tensor]], reference: Reference | None, check_dtype: bool, floor: float = LOW_PRECISION_FLOOR
+) -> StageResult:
     if reference is None:
         return StageResult(False, "the model runs neither in float64 nor in float32 on the CPU: nothing to measure errors against")
     bad, measured, incomparable = [], [], False
     for name, a, e in pairs:
-        errors = _low_precision_errors(a, e, reference.values[name], check_dtype) if name in reference.values else "no reference value"
+        errors = _low_precision_errors(a, e, reference.values[name], check_dtype, floor) if name in reference.values else "no reference value"
         if isinstance(errors, str) or errors.ratio > GROSS_RATIO:
             bad.append((name, str(errors)))
             incomparable |= isinstance(errors, str)
@@ -348,7 +396,7 @@ def run_case(case: ModelCase, attn: str | None, compile: bool = False, precision
     eager, on the CPU too (``aot_eager``: the same 7 gradients differ)."""
     with torch._dynamo.config.patch(use_numpy_random_stream=compile):
         result = _run_case(case, attn, compile, precision)
-        if precision != "float32" and _missed_bound_only(result):
+        if _missed_bound_only(result):
             result = _other_inputs_decide(result, case, attn, compile, precision)
     if compile and not result.passed and not result.unsupported:
         result.unsupported = _cpu_compile_error(case, attn)
@@ -361,15 +409,20 @@ def _missed_bound_only(result: ModelResult) -> bool:
 
 
 def _other_inputs_decide(result: ModelResult, case: ModelCase, attn: str | None, compile: bool, precision: str) -> ModelResult:
-    """A low-precision case that missed the error bound runs again on ``RERUN_SEEDS``' inputs.
+    """A case that missed the bound by its values only (finite, same shapes and dtypes)
+    runs again on ``RERUN_SEEDS``' inputs.
 
-    bfloat16 rounds an input of a kink or a choice (relu, max-pooling, top-k routing) to
-    the other side of it now and then, on tpu and on the CPU alike, and that switches a
-    whole gradient term on or off on one side (T5: two relu inputs 7e-5 and 1.3e-3 from 0
-    in float64 rounded below 0 on tpu; without those two elements its error was the CPU's).
-    Such a switch is a chance event of one input; an error of the implementation (a
-    reduction accumulated in bfloat16, a missing upcast) recurs on every input. So the case
-    passes when most reruns pass, with the first run's miss in the detail."""
+    Rounding puts an input of a kink or a choice (relu, max-pooling, top-k routing) on the
+    other side of it now and then, on tpu and on the CPU alike, and that switches a whole
+    gradient term on or off on one side. bfloat16 does it often (T5: two relu inputs 7e-5
+    and 1.3e-3 from 0 in float64 rounded below 0 on tpu; without those two elements its
+    error was the CPU's); float32 does it in deep ReLU networks with train-mode BatchNorm
+    over small maps (torchvision's MNASNet, first inputs: one ReLU input of its last
+    stage is +6.1e-7 in float64, +1.9e-6 on the CPU and -1.1e-6 on tpu, and every
+    gradient below it moves by 0.2%). Such a switch is a chance event of one input; an
+    error of the implementation (a reduction accumulated in bfloat16, a missing upcast, a
+    wrong value) recurs on every input. So the case passes when most reruns pass, with the
+    first run's miss in the detail."""
     reruns = [_run_case(case, attn, compile, precision, input_seed=seed) for seed in RERUN_SEEDS]
     passed = sum(r.passed for r in reruns)
     if passed * 2 <= len(reruns):
@@ -495,7 +548,7 @@ def _run_case(case: ModelCase, attn: str | None, compile: bool, precision: str, 
             if p_cpu.grad is None and (p_tpu.grad is None or (compile and _unreached_by_aot(p_tpu.grad))):
                 continue
             if (p_cpu.grad is None) != (p_tpu.grad is None):
-                pairs.append((f"{name}.grad (None on one side)", torch.ones(1), torch.zeros(1)))
+                pairs.append((f"{name}.grad {NONE_ON_ONE_SIDE}", torch.ones(1), torch.zeros(1)))
                 continue
             pairs.append((f"{name}.grad", p_tpu.grad, p_cpu.grad))
         result.stages["backward"] = _compare_all(pairs, GRAD_TOL, reference, precision)
