@@ -241,6 +241,30 @@ def test_to_tpu_preserves_channels_last_like_cuda() -> None:
     torch.testing.assert_close(conv(t).cpu(), conv.cpu()(x))
 
 
+def test_to_tpu_keeps_the_stride_of_a_size_1_dim_like_cuda() -> None:
+    """A dense tensor keeps its exact strides across ``.to("tpu")`` and back, a size-1
+    dim's included: a channels-last 1x1 convolution's weight [128, 64, 1, 1] has strides
+    (64, 1, 64, 64) on the CPU and CUDA, and a depthwise one [16, 1, 3, 3] (9, 1, 3, 1).
+    They came out contiguous ((64, 1, 1, 1), (9, 9, 3, 1)): PyTorch calls those tensors
+    contiguous, so the copy took contiguous strides, and a channels-last MobileNet's
+    parameters and gradients had other strides than on the CPU."""
+    for shape in ((128, 64, 1, 1), (16, 1, 3, 3), (1, 3, 4, 5)):
+        x = torch.randn(shape).contiguous(memory_format=torch.channels_last)
+        t = x.to("tpu")
+        assert t.stride() == x.stride(), shape
+        assert t.cpu().stride() == x.stride() and torch.equal(t.cpu(), x)
+        assert t.clone().stride() == x.clone().stride() and torch.empty_like(t).stride() == torch.empty_like(x).stride()
+        assert (t * 2).stride() == (x * 2).stride()
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8), nn.Conv2d(8, 16, 1)).to(memory_format=torch.channels_last)
+    on_tpu = copy.deepcopy(model).to("tpu")
+    x = torch.randn(2, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+    model(x).square().sum().backward()
+    on_tpu(x.to("tpu")).square().sum().backward()
+    for p, q in zip(model.parameters(), on_tpu.parameters()):
+        assert q.stride() == p.stride() and q.grad.stride() == p.grad.stride()
+        assert_close(q.grad, p.grad)
+
+
 def test_lazy_modules_move_before_their_first_forward_like_cuda():
     """``nn.LazyLinear(...).to("tpu")`` keeps the UninitializedParameter (same object and
     class, now on tpu), so the first forward materializes it there; copying it used to read

@@ -49,10 +49,12 @@ def _host_array(t: torch.Tensor) -> np.ndarray:
 def from_cpu(t: torch.Tensor, keep_layout: bool = False) -> torch.Tensor:
     """A new tpu tensor holding a copy of CPU tensor ``t``: contiguous, or with ``t``'s own
     strides when ``keep_layout`` and ``t`` is dense (``memory_format=torch.preserve_format``:
-    a channels-last tensor stays channels-last, as ``.to("cuda")`` keeps it)."""
+    a channels-last tensor stays channels-last, and a size-1 dim keeps its stride, as
+    ``.to("cuda")`` keeps them)."""
     _ensure_ops()
-    order = _memory_order(t) if keep_layout else None
-    sizes, strides = tuple(t.shape), (contiguous_strides(t.shape) if order is None else t.stride())
+    keep = keep_layout and _dense(t)
+    order = _memory_order(t) if keep else None
+    sizes, strides = tuple(t.shape), (t.stride() if keep else contiguous_strides(t.shape))
     if order is not None:  # upload the elements in memory order; the view restores the sizes
         t = t.permute(order)
     arr = _host_array(t)  # the buffer keeps the (permuted) tensor's shape (see Cell)
@@ -88,12 +90,18 @@ def _put(arr: np.ndarray) -> Any:
     return pjrt.get().put(arr)
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its extent exactly once: then a copy that preserves
+    the format takes its strides as they are (PyTorch's ``_to_copy`` and ``clone``)."""
+    from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+
+    return is_non_overlapping_and_dense(t)
+
+
 def _memory_order(t: torch.Tensor) -> list[int] | None:
     """The dims of a dense, non-contiguous ``t`` from the largest stride to the smallest
     (``t.permute(order)`` is contiguous); None when ``t`` is contiguous or not dense."""
-    from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
-
-    if t.is_contiguous() or not is_non_overlapping_and_dense(t):
+    if t.is_contiguous() or not _dense(t):
         return None
     return sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
 
@@ -297,7 +305,7 @@ def to_copy(
             host = host.to(dtype)
         if not preserve:
             return host.contiguous(memory_format=memory_format)
-        if _memory_order(x) is not None:  # dense, not contiguous (channels-last): keep the strides
+        if x.stride() != host.stride() and _dense(x):  # channels-last, a size-1 dim's stride: keep them
             return torch.empty_strided(x.shape, x.stride(), dtype=host.dtype).copy_(host)
         return host
     _check_device(device)
