@@ -549,3 +549,26 @@ def test_compiled_single_tensor_adam_step() -> None:
 
     for got, want in zip(run(TPU, True), run("cpu", False)):
         assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_grid_sample_backward_compiled_matches_cpu(mode: str, dims: int) -> None:
+    """grid_sample's backward in a compiled graph: its decomposition runs autograd (a
+    torch.func transform), which failed inside AOTAutograd's trace ("Please convert all
+    Tensors to FakeTensors first", torchvision's RAFT). It now keeps its node and is lowered
+    as in eager."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    spatial = (3, 5, 6)[-dims:]
+    x = torch.randn(2, 3, *spatial, requires_grad=True)
+    grid = (torch.rand(2, *spatial[:-1], 4, dims) * 2.4 - 1.2).requires_grad_()
+
+    def loss(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        return (F.grid_sample(x, grid, mode=mode, padding_mode="border", align_corners=True) ** 2).sum()
+
+    loss(x, grid).backward()
+    xt, gt = x.detach().to(TPU).requires_grad_(), grid.detach().to(TPU).requires_grad_()
+    torch.compile(loss, backend="tpu")(xt, gt).backward()
+    assert_close(xt.grad, x.grad)
+    assert_close(gt.grad, grid.grad)

@@ -72,13 +72,13 @@ KNOWN_OPTIONS = ("bounded_dynamism", "max_size")
 
 
 def _decompositions() -> dict:
-    """Decompose at trace time every op that has no lowering rule (the same table the
-    eager path uses when it traces a decomposition)."""
+    """Decompose at trace time every op that has no lowering rule (the table the eager
+    path uses when it traces a decomposition, less the few the lowering must trace)."""
     from ..lowering import registry
-    from ..lowering.decomp import tracing_table
+    from ..lowering.decomp import compile_table
 
     registry._load_rules()
-    return tracing_table()
+    return compile_table()
 
 
 def _partition(

@@ -87,6 +87,19 @@ def _tracing_table(_n_rules: int, _n_own: int) -> dict:
 
 aten = torch.ops.aten
 
+# Ops whose decomposition runs a torch.func transform (``_grad_through``): traced by our
+# own make_fx when lowered (``lower_decomposition``), never inside AOTAutograd's trace,
+# where the transform's wrapped tensors reach FakeTensorMode ("Please convert all Tensors
+# to FakeTensors first": every compiled grid_sample backward, RAFT's). They keep their
+# node in a compiled graph (PyTorch has their meta kernels) and are lowered like eager's.
+_LOWERED_NOT_TRACED = (aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
+
+
+def compile_table() -> dict:
+    """What AOTAutograd may decompose while tracing a compiled graph: ``tracing_table``
+    less the decompositions that must be traced by the lowering."""
+    return {op: fn for op, fn in tracing_table().items() if op not in _LOWERED_NOT_TRACED}
+
 
 def _pnorm_last(d: torch.Tensor, p: float) -> torch.Tensor:
     """The p-norm over the last dimension of differences ``d``, as torch.cdist defines it."""
