@@ -344,6 +344,10 @@ ARGUMENTS: dict[str, Case] = {
     "det_of_a_scalar": lambda d: torch.linalg.det(torch.tensor(1.0, device=d)),
     "slogdet_of_a_vector": lambda d: torch.linalg.slogdet(_r(3)(d)),
     "det_of_a_transposed_matrix": lambda d: torch.linalg.det(_r(3, 3)(d).mT),  # accepted: the same value
+    # a bfloat16 model sampling at float32 coordinates (RAFT's in bfloat16): tpu sampled it
+    "grid_sample_float_grid_bf16": lambda d: F.grid_sample(_r(1, 2, 4, 4, dtype=torch.bfloat16)(d), _r(1, 3, 3, 2)(d)),
+    "grid_sample_3d_double_grid": lambda d: F.grid_sample(_r(1, 2, 3, 4, 4)(d), _r(1, 2, 3, 3, 3, dtype=torch.float64)(d)),
+    "grid_sample_same_dtype": lambda d: F.grid_sample(_r(1, 2, 4, 4)(d), _r(1, 3, 3, 2)(d).tanh()),  # accepted
 }
 
 

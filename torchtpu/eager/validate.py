@@ -618,6 +618,14 @@ def _diagonal_scatter(plan: OpPlan, a: dict[str, Any]) -> None:
         )
 
 
+def _grid_sampler(plan: OpPlan, a: dict[str, Any]) -> None:
+    """The CPU kernel reads the grid as the input's dtype and refuses any other (a bfloat16
+    model sampling at float32 coordinates, as RAFT's under ``.to(torch.bfloat16)``)."""
+    x, grid = a["input"], a["grid"]
+    if x.dtype != grid.dtype:
+        raise RuntimeError(f"expected scalar type {scalar_name(x.dtype)} but found {scalar_name(grid.dtype)}")
+
+
 _INPUT_RULES: dict[str, Callable[[OpPlan, dict[str, Any]], None]] = {
     **{name: _integral_only(name) for name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "gcd", "lcm")},
     **{name: _integral_only("lshift") for name in ("bitwise_left_shift", "__lshift__", "__ilshift__")},
@@ -652,6 +660,8 @@ _INPUT_RULES: dict[str, Callable[[OpPlan, dict[str, Any]], None]] = {
     "linalg_vector_norm": _vector_norm,
     "renorm": _floating_input,
     "addr": _addr,
+    "grid_sampler_2d": _grid_sampler,
+    "grid_sampler_3d": _grid_sampler,
 }
 
 
