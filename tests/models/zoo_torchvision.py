@@ -1,10 +1,13 @@
-"""torchvision's image classifiers in the zoo: plain PyTorch models (torchvision.models,
-randomly initialised, 10 classes) on 4 random 64x64 images, judged like every other case
-(eval forward, gradients of a fixed projection of the logits, one SGD step). Registered only
-when torchvision is installed (``pip install -e '.[vision]'``)."""
+"""torchvision's models in the zoo: plain PyTorch models (torchvision.models, randomly
+initialised, 10 classes) -- image classifiers and segmentation models on 4 random 64x64
+images, video classifiers on 4 clips of 4 32x32 frames, RAFT's optical flow on 2 pairs of
+128x128 frames -- judged like every other case (eval forward, gradients of a fixed
+projection of the outputs, one SGD step). Registered only when torchvision is installed
+(``pip install -e '.[vision]'``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from collections.abc import Callable
@@ -78,11 +81,24 @@ def _no_dropout(model: nn.Module) -> nn.Module:
     return model
 
 
-def _builder(name: str, **kwargs: Any) -> Callable[[str | None], nn.Module]:
+def _builder(name: str, kwargs: dict[str, Any], channels_last: bool) -> Callable[[str | None], nn.Module]:
+    """``name``: a builder of ``torchvision.models`` (``"segmentation.fcn_resnet50"``)."""
+
     def build(attn: str | None) -> nn.Module:
-        return _no_dropout(getattr(_torchvision_models(), name)(num_classes=NUM_CLASSES, **kwargs))
+        builder: Any = _torchvision_models()
+        for part in name.split("."):
+            builder = getattr(builder, part)
+        model = _no_dropout(builder(**kwargs))
+        return model.to(memory_format=torch.channels_last) if channels_last else model
 
     return build
+
+
+def _in_channels_last(inputs: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    def make() -> dict[str, Any]:
+        return {k: v.contiguous(memory_format=torch.channels_last) if isinstance(v, torch.Tensor) and v.dim() == 4 else v for k, v in inputs().items()}
+
+    return make
 
 
 def _images() -> dict[str, Any]:
@@ -94,24 +110,69 @@ def _images() -> dict[str, Any]:
     return {"x": torch.randn(4, 3, 64, 64)}
 
 
-CLASSIFIERS: tuple[tuple[str, dict[str, Any], bool], ...] = (
-    # name, builder arguments, fast (also in `make test`)
-    ("mobilenet_v3_small", {}, False),
-    ("mobilenet_v2", {}, False),
-    ("squeezenet1_1", {}, False),
-    ("shufflenet_v2_x0_5", {}, False),
-    ("mnasnet0_5", {}, False),
-    ("efficientnet_b0", {}, False),
-    ("regnet_y_400mf", {}, False),
-    ("resnet18", {}, True),  # BatchNorm, residuals, max-pooling: the first model a user tries (20 s in all modes)
-    ("resnext50_32x4d", {}, False),
-    ("googlenet", {"aux_logits": False, "init_weights": True}, False),
-    ("densenet121", {}, False),
-    ("convnext_tiny", {}, False),
-    ("swin_t", {}, False),
-    ("vit_b_16", {"image_size": 64}, False),
+def _images_named_input() -> dict[str, Any]:
+    return {"input": _images()["x"]}  # LRASPP.forward(input)
+
+
+def _video() -> dict[str, Any]:
+    return {"x": torch.randn(4, 3, 4, 32, 32)}  # 4 clips of 4 frames, 32x32
+
+
+def _image_pairs() -> dict[str, Any]:
+    # RAFT: two frames (its correlation pyramid needs sides of at least 128) and a few
+    # refinement steps of its update GRU
+    return {"image1": torch.randn(2, 3, 128, 128), "image2": torch.randn(2, 3, 128, 128), "num_flow_updates": 3}
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchvisionModel:
+    name: str  # the builder's name under torchvision.models
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    inputs: Callable[[], dict[str, Any]] = _images
+    fast: bool = False  # also in `make test`
+    channels_last: bool = False  # the model's weights and its image inputs
+
+    @property
+    def case_name(self) -> str:
+        return f"tv-{self.name.rsplit('.', 1)[-1]}" + ("-channels-last" if self.channels_last else "")
+
+
+CLASSES = {"num_classes": NUM_CLASSES}
+NO_BACKBONE_WEIGHTS = {"num_classes": NUM_CLASSES, "weights_backbone": None}  # no download
+MODELS: tuple[TorchvisionModel, ...] = (
+    TorchvisionModel("mobilenet_v3_small", CLASSES),
+    TorchvisionModel("mobilenet_v2", CLASSES),
+    TorchvisionModel("squeezenet1_1", CLASSES),
+    TorchvisionModel("shufflenet_v2_x0_5", CLASSES),
+    TorchvisionModel("mnasnet0_5", CLASSES),
+    TorchvisionModel("efficientnet_b0", CLASSES),
+    TorchvisionModel("regnet_y_400mf", CLASSES),
+    # BatchNorm, residuals, max-pooling: the first model a user tries (20 s in all modes)
+    TorchvisionModel("resnet18", CLASSES, fast=True),
+    TorchvisionModel("resnext50_32x4d", CLASSES),
+    TorchvisionModel("googlenet", {**CLASSES, "aux_logits": False, "init_weights": True}),
+    TorchvisionModel("densenet121", CLASSES),
+    TorchvisionModel("convnext_tiny", CLASSES),
+    TorchvisionModel("swin_t", CLASSES),
+    TorchvisionModel("vit_b_16", {**CLASSES, "image_size": 64}),
+    # channels-last (strides NHWC), as users train convolutional networks on GPUs: the same
+    # values; ConvNeXt's LayerNorm permutes to channels-last and back
+    TorchvisionModel("resnet18", CLASSES, channels_last=True),
+    TorchvisionModel("mobilenet_v3_small", CLASSES, channels_last=True),
+    TorchvisionModel("convnext_tiny", CLASSES, channels_last=True),
+    # segmentation: dilated convolutions, ASPP's image pooling, bilinear upsampling
+    TorchvisionModel("segmentation.lraspp_mobilenet_v3_large", NO_BACKBONE_WEIGHTS, _images_named_input),
+    TorchvisionModel("segmentation.deeplabv3_mobilenet_v3_large", NO_BACKBONE_WEIGHTS),
+    TorchvisionModel("segmentation.fcn_resnet50", NO_BACKBONE_WEIGHTS),
+    # video: Conv3d, BatchNorm3d, (2+1)D factorised convolutions
+    TorchvisionModel("video.r3d_18", CLASSES, _video),
+    TorchvisionModel("video.r2plus1d_18", CLASSES, _video),
+    # optical flow: correlation volumes, grid_sample lookups, a convolutional GRU
+    TorchvisionModel("optical_flow.raft_small", {}, _image_pairs),
 )
 
 if _torchvision_models() is not None:
-    for _name, _kwargs, _fast in CLASSIFIERS:
-        add(ModelCase(f"tv-{_name}", FAMILY, _builder(_name, **_kwargs), _images, attn_implementations=(None,), fast=_fast))
+    for _model in MODELS:
+        _inputs = _in_channels_last(_model.inputs) if _model.channels_last else _model.inputs
+        _build = _builder(_model.name, _model.kwargs, _model.channels_last)
+        add(ModelCase(_model.case_name, FAMILY, _build, _inputs, attn_implementations=(None,), fast=_model.fast))
