@@ -572,3 +572,30 @@ def test_grid_sample_backward_compiled_matches_cpu(mode: str, dims: int) -> None
     torch.compile(loss, backend="tpu")(xt, gt).backward()
     assert_close(xt.grad, x.grad)
     assert_close(gt.grad, grid.grad)
+
+
+def test_channels_last_convolutions_keep_eager_strides() -> None:
+    """A channels-last model compiled returns eager's strides, its gradients too, and code
+    that views a channels-last activation traces: FakeTensorMode gave a PrivateUse1
+    convolution a contiguous output (PyTorch's "Overrideable" conv backend), where eager
+    tpu, like CUDA, keeps channels-last."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, groups=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, groups=8), nn.Conv2d(8, 4, 1))
+    model = model.to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 7, 7).contiguous(memory_format=torch.channels_last)
+
+    def features(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        y = m(x)
+        return y.permute(0, 2, 3, 1).view(y.shape[0], -1)  # a view only channels-last allows
+
+    on_tpu = copy.deepcopy(model).to(TPU)
+    eager_out = features(model, x)
+    out = torch.compile(features, backend="tpu", fullgraph=True)(on_tpu, x.to(TPU))
+    assert out.stride() == eager_out.stride()
+    assert_close(out, eager_out)
+    eager_out.square().sum().backward()
+    out.square().sum().backward()
+    for p, q in zip(model.parameters(), on_tpu.parameters()):
+        assert q.grad.stride() == p.grad.stride()
+        assert_close(q.grad, p.grad)

@@ -24,6 +24,7 @@ import torch
 from .. import metrics
 from ..errors import TpuError
 from ..lowering.collectives import ReplicaLayout
+from . import layouts
 from .dynamic import BOUNDS_ATTR, SymbolBounds, batched_linears_apart, check_dynamic
 from .fx_lowering import CompiledGraph, OpByOpGraph
 
@@ -68,6 +69,7 @@ def _capturable_optimizers_on_tpu() -> None:
 
 
 _capturable_optimizers_on_tpu()
+layouts.install()
 KNOWN_OPTIONS = ("bounded_dynamism", "max_size")
 
 
