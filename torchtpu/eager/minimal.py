@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .. import _spans, metrics, op_report
-from ..lowering.strided import contiguous_strides, storage_extent, storage_param
+from ..lowering.strided import contiguous_strides, dense_order, storage_extent, storage_param
 from ..runner import checks
 from ..runtime import pjrt
 from ..stablehlo.types import host_numpy, numpy_dtype
@@ -52,7 +52,7 @@ def from_cpu(t: torch.Tensor, keep_layout: bool = False) -> torch.Tensor:
     a channels-last tensor stays channels-last, and a size-1 dim keeps its stride, as
     ``.to("cuda")`` keeps them)."""
     _ensure_ops()
-    keep = keep_layout and _dense(t)
+    keep = keep_layout and (t.is_contiguous() or _dense(t))
     order = _memory_order(t) if keep else None
     sizes, strides = tuple(t.shape), (t.stride() if keep else contiguous_strides(t.shape))
     if order is not None:  # upload the elements in memory order; the view restores the sizes
@@ -92,10 +92,9 @@ def _put(arr: np.ndarray) -> Any:
 
 def _dense(t: torch.Tensor) -> bool:
     """Whether ``t``'s elements fill its extent exactly once: then a copy that preserves
-    the format takes its strides as they are (PyTorch's ``_to_copy`` and ``clone``)."""
-    from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
-
-    return is_non_overlapping_and_dense(t)
+    the format takes its strides as they are (PyTorch's ``_to_copy`` and ``clone``).
+    (torch._prims_common's check costs ~200 us a call: its symbolic-shape guards.)"""
+    return dense_order(t.shape, t.stride()) is not None
 
 
 def _memory_order(t: torch.Tensor) -> list[int] | None:
