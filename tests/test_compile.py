@@ -551,8 +551,7 @@ def test_compiled_single_tensor_adam_step() -> None:
         assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
-@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("mode,dims", [("bilinear", 2), ("nearest", 3)])
 def test_grid_sample_backward_compiled_matches_cpu(mode: str, dims: int) -> None:
     """grid_sample's backward in a compiled graph: its decomposition runs autograd (a
     torch.func transform), which failed inside AOTAutograd's trace ("Please convert all
