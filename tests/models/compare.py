@@ -217,9 +217,9 @@ def _compare_all(
     if precision != "float32":
         return _compare_low_precision(pairs, reference, check_dtype=precision == "bfloat16")
     bad = [(name, m) for name, a, e in pairs if (m := _mismatch(a, e, tol)) is not None]
+    tensors = {name: (a, e) for name, a, e in pairs}
     arbitrated = 0
     if bad and reference is not None:
-        tensors = {name: (a, e) for name, a, e in pairs}
         settled = {name for name, _ in bad if name in reference.values and _no_farther_from_float64(*tensors[name], reference.values[name], tol)}
         arbitrated = len(settled)
         bad = [(name, m) for name, m in bad if name not in settled]
@@ -229,7 +229,6 @@ def _compare_all(
     if reference is not None and (missed := _cpu_misses_float64(pairs, reference, tol)):
         return _judge_ill_conditioned(pairs, reference, tol, missed)
     failed = _failed(bad, len(pairs))
-    tensors = {name: (a, e) for name, a, e in pairs}
     failed.missed_bound = all(NONE_ON_ONE_SIDE not in name and _only_values_differ(*tensors[name]) for name, _ in bad)
     return failed
 

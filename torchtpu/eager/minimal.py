@@ -52,8 +52,8 @@ def from_cpu(t: torch.Tensor, keep_layout: bool = False) -> torch.Tensor:
     a channels-last tensor stays channels-last, and a size-1 dim keeps its stride, as
     ``.to("cuda")`` keeps them)."""
     _ensure_ops()
-    keep = keep_layout and (t.is_contiguous() or _dense(t))
-    order = _memory_order(t) if keep else None
+    order = _memory_order(t) if keep_layout else None
+    keep = keep_layout and (order is not None or t.is_contiguous())  # dense: permuted or as it is
     sizes, strides = tuple(t.shape), (t.stride() if keep else contiguous_strides(t.shape))
     if order is not None:  # upload the elements in memory order; the view restores the sizes
         t = t.permute(order)

@@ -98,6 +98,11 @@ _LOWERED_NOT_TRACED = (aten.grid_sampler_2d_backward.default, aten.grid_sampler_
 def compile_table() -> dict:
     """What AOTAutograd may decompose while tracing a compiled graph: ``tracing_table``
     less the decompositions that must be traced by the lowering."""
+    return _compile_table(len(registry.RULES), len(OWN))
+
+
+@functools.cache
+def _compile_table(_n_rules: int, _n_own: int) -> dict:
     return {op: fn for op, fn in tracing_table().items() if op not in _LOWERED_NOT_TRACED}
 
 
