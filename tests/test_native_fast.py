@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import io
 import shutil
+from typing import Any
 
 import pytest
 import torch
 from utils import TPU
 
 from torchtpu.compile import fx_lowering
+from torchtpu.errors import TpuError
 from torchtpu.runtime import memory
 from torchtpu.tensor import storage
 from torchtpu.tensor.storage import Cell, cell_of
@@ -285,3 +287,75 @@ def test_eager_keys_change_nothing_for_a_list_with_a_cpu_tensor() -> None:
     torch.testing.assert_close((x[1:] * torch.tensor(3.0)).cpu(), x.cpu()[1:] * 3)
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         x + cpu
+
+
+def _both_collects(op: Any, args: tuple, kwargs: dict | None = None) -> tuple:
+    """``op``'s call collected by the C++ loop and by the Python loop, from fresh values."""
+    from torchtpu.eager import dispatch
+    from torchtpu.eager.plan import plan_for
+
+    plan = plan_for(op)
+    native = dispatch._collect(plan, plan.bind(args, kwargs or {}))
+    saved, dispatch.collect_call = dispatch.collect_call, None
+    try:
+        python = dispatch._collect(plan, plan.bind(args, kwargs or {}))
+    finally:
+        dispatch.collect_call = saved
+    return native, python
+
+
+def test_collect_call_is_the_python_loops_key() -> None:
+    """Every argument kind the C++ loop handles (tensors and views with offsets, tensor
+    lists with None, lifted and special numbers, bools, static ints, floats, lists, dtypes,
+    nan and -0.0), and the ones it leaves to Python (a number where the schema says Tensor,
+    a CPU 0-d tensor, a Scalar[] operand), give the Python loop's key and operands."""
+    from torchtpu.eager import dispatch
+    from torchtpu.eager.plan import plan_for
+
+    aten = torch.ops.aten
+    x = torch.randn(4, 6, device=TPU)
+    w = torch.randn(6, 6, device=TPU)
+    i = torch.zeros(4, dtype=torch.long, device=TPU)
+    calls = [
+        (aten.addmm.default, (x[0], x, w.t()), {"beta": 0.5, "alpha": 2}),
+        (aten.add.Tensor, (x[1:], x[:3]), {"alpha": -1}),
+        (aten.add.Tensor, (x, 3.5)),
+        (aten.mul.Tensor, (x, torch.tensor(2.0))),
+        (aten.sum.dim_IntList, (x, [0, 1], True), {"dtype": torch.float64}),
+        (aten._foreach_add_.List, ([x, w], [x, w]), {"alpha": -0.01}),
+        (aten._foreach_mul_.ScalarList, ([x, w], [0.5, 2.0])),
+        (aten.nll_loss_forward.default, (x, i, None, 1, -100)),
+        (aten.leaky_relu.default, (x, float("nan"))),
+        (aten.clamp.default, (x, -0.0, True)),
+        (aten.where.self, (x > 0, x, w[:4])),
+        (aten.cat.default, ([x, x[2:]], 0)),
+        (aten.full.default, ([2, 3], 7), {"dtype": torch.int32, "device": TPU}),
+    ]
+    left_to_python = {2, 3, 6}  # 3.5 where the schema says Tensor, a CPU 0-d tensor, a Scalar[]
+    for n, (op, *rest) in enumerate(calls):
+        plan = plan_for(op)
+        c = dispatch._Call()
+        took = storage._fast.collect_call(
+            plan.kinds, plan.bind(rest[0], rest[1] if len(rest) > 1 else {}), plan.lift_scalars, c.key, c.cells, c.slot_of,
+            c.tensors, c.scalars, c.scalar_types,
+        )
+        assert took is (n not in left_to_python), op
+        native, python = _both_collects(op, *rest)
+        assert native.key == python.key, op
+        assert native.scalar_types == python.scalar_types, op
+        if op is not aten.mul.Tensor:  # there each loop moved the CPU tensor to a storage of its own
+            assert [id(t) for t in native.tensors] == [id(t) for t in python.tensors], op
+            assert [id(c) for c in native.cells] == [id(c) for c in python.cells] and native.slot_of == python.slot_of, op
+        assert len(native.scalars) == len(python.scalars), op
+        assert all(a is b for a, b in zip(native.scalars, python.scalars)) or op is aten._foreach_mul_.ScalarList, op
+
+
+def test_collect_call_leaves_a_tensor_in_a_static_argument_to_python() -> None:
+    """A tensor where the schema wants a static value: the Python loop's error."""
+    from torchtpu.eager import dispatch
+    from torchtpu.eager.plan import plan_for
+
+    plan = plan_for(torch.ops.aten.sum.dim_IntList)
+    x = torch.randn(3, device=TPU)
+    with pytest.raises(TpuError, match="unexpected tensor argument"):
+        dispatch._collect(plan, plan.bind((x, [x]), {}))

@@ -47,6 +47,7 @@
 #include <ATen/ops/view_native.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <vector>
 
@@ -323,6 +324,239 @@ PyObject* eager_keys(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return out;
 }
 
+// collect_call(kinds, values, lift, key, cells, slot_of, tensors, scalars, scalar_types):
+// the whole of an eager op's cache key but its precision (torchtpu/eager/dispatch.py
+// ``_collect``, whose Python loop stays the twin): per argument its entry appended to
+// ``key``, then one (buffer shape, dtype, initialized) entry per storage cell. Python
+// numbers passed as device operands and nonzero view offsets go to ``scalars`` and
+// ``scalar_types`` in argument order through the Python helpers ``configure_collect``
+// gave. False where an argument needs Python (a CPU tensor, a number where the schema
+// says Tensor, a Scalar[] operand, a tensor where none belongs); the lists may then hold
+// a partial key, which the caller drops.
+struct CollectHelpers {
+  PyObject* runtime_offset = nullptr;  // the scalar_types entry of a view's offset
+  PyObject* device_scalar = nullptr;   // device_scalar(value, pytype) -> buffer
+  PyObject* freeze = nullptr;          // _freeze(value) for what C leaves to Python
+  PyObject* s_tag = nullptr;           // "s": the key entry of a lifted number is ("s", type)
+  PyObject* shape = nullptr;           // Cell attribute names, interned
+  PyObject* dtype = nullptr;
+  PyObject* buf = nullptr;
+  PyObject* lazy = nullptr;
+};
+CollectHelpers helpers;
+enum Kind { kTensor = 0, kTensorList = 1, kScalar = 2, kScalarList = 3 };
+
+PyObject* configure_collect(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "configure_collect(runtime_offset, device_scalar, freeze)");
+    return nullptr;
+  }
+  for (int i = 0; i < 3; ++i) Py_INCREF(args[i]);
+  Py_XSETREF(helpers.runtime_offset, args[0]);
+  Py_XSETREF(helpers.device_scalar, args[1]);
+  Py_XSETREF(helpers.freeze, args[2]);
+  if (!helpers.s_tag) {
+    helpers.s_tag = PyUnicode_InternFromString("s");
+    helpers.shape = PyUnicode_InternFromString("shape");
+    helpers.dtype = PyUnicode_InternFromString("dtype");
+    helpers.buf = PyUnicode_InternFromString("_buf");
+    helpers.lazy = PyUnicode_InternFromString("lazy");
+  }
+  Py_RETURN_NONE;
+}
+
+// Append ``item`` to ``list`` and drop the reference; false on failure (or a null item).
+bool append_new(PyObject* list, PyObject* item) {
+  if (!item) return false;
+  int failed = PyList_Append(list, item);
+  Py_DECREF(item);
+  return !failed;
+}
+
+// dispatch._freeze for the common static arguments: exact ints and bools as (type, v),
+// None as itself, plain floats as (float, v), lists of those as tuples; the rest through
+// the Python helper (nan, -0.0, generators, dtypes, strings...).
+PyObject* freeze(PyObject* v) {
+  PyTypeObject* tp = Py_TYPE(v);
+  if (tp == &PyLong_Type || tp == &PyBool_Type) return PyTuple_Pack(2, reinterpret_cast<PyObject*>(tp), v);
+  if (v == Py_None) {
+    Py_INCREF(v);
+    return v;
+  }
+  if (tp == &PyFloat_Type) {
+    double d = PyFloat_AS_DOUBLE(v);
+    if (d == d && !(d == 0.0 && std::signbit(d))) return PyTuple_Pack(2, reinterpret_cast<PyObject*>(tp), v);
+  } else if (tp == &PyList_Type) {
+    Py_ssize_t n = PyList_GET_SIZE(v);
+    PyObject* out = PyTuple_New(n);
+    for (Py_ssize_t i = 0; out && i < n; ++i) {
+      PyObject* item = PyList_GET_ITEM(v, i);
+      if (THPVariable_Check(item)) {  // Python raises its error
+        Py_DECREF(out);
+        return PyObject_CallOneArg(helpers.freeze, v);
+      }
+      PyObject* f = freeze(item);
+      if (!f) Py_CLEAR(out);
+      else PyTuple_SET_ITEM(out, i, f);
+    }
+    return out;
+  }
+  return PyObject_CallOneArg(helpers.freeze, v);
+}
+
+// oplower.lifted: a bool always; an int, float or complex unless it is 0, 1 or -1.
+bool lifted(PyObject* v, bool lift, int* error) {
+  if (!lift) return false;
+  PyTypeObject* tp = Py_TYPE(v);
+  if (tp == &PyBool_Type) return true;
+  if (tp == &PyLong_Type) {
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+    return overflow || (n != 0 && n != 1 && n != -1);
+  }
+  if (tp == &PyFloat_Type) {
+    double d = PyFloat_AS_DOUBLE(v);
+    return !(d == 0.0 || d == 1.0 || d == -1.0);  // nan compares unequal: lifted, as in Python
+  }
+  if (tp == &PyComplex_Type) {
+    Py_complex c = PyComplex_AsCComplex(v);
+    return !(c.imag == 0.0 && (c.real == 0.0 || c.real == 1.0 || c.real == -1.0));
+  }
+  (void)error;
+  return false;
+}
+
+// A scalar argument's key entry: ("s", type) with its device buffer appended to
+// ``scalars``, or its frozen value.
+PyObject* scalar_entry(PyObject* v, bool lift, PyObject* scalars, PyObject* scalar_types) {
+  int error = 0;
+  if (!lifted(v, lift, &error)) return freeze(v);
+  PyObject* tp = reinterpret_cast<PyObject*>(Py_TYPE(v));
+  PyObject* buf = PyObject_CallFunctionObjArgs(helpers.device_scalar, v, tp, nullptr);
+  if (!append_new(scalars, buf) || PyList_Append(scalar_types, tp)) return nullptr;
+  return PyTuple_Pack(2, helpers.s_tag, tp);
+}
+
+// The device scalars of the nonzero view offsets eager_entry collected, in order.
+bool offset_scalars(PyObject* offsets, PyObject* scalars, PyObject* scalar_types) {
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(offsets); ++i) {
+    PyObject* buf = PyObject_CallFunctionObjArgs(helpers.device_scalar, PyList_GET_ITEM(offsets, i),
+                                                 reinterpret_cast<PyObject*>(&PyLong_Type), nullptr);
+    if (!append_new(scalars, buf) || PyList_Append(scalar_types, helpers.runtime_offset)) return false;
+  }
+  return PyList_SetSlice(offsets, 0, PyList_GET_SIZE(offsets), nullptr) == 0;
+}
+
+bool is_device_tensor_or_none(PyObject* a) {
+  return a == Py_None || (THPVariable_Check(a) && on_device(THPVariable_Unpack(a)));
+}
+
+bool holds_a_tensor(PyObject* v) {
+  if (THPVariable_Check(v)) return true;
+  if (!PyList_Check(v) && !PyTuple_Check(v)) return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(v); ++i)
+    if (THPVariable_Check(PySequence_Fast_GET_ITEM(v, i))) return true;
+  return false;
+}
+
+// The (buffer shape, dtype, initialized) entry of a storage cell.
+PyObject* cell_entry(PyObject* cell) {
+  PyObject* shape = PyObject_GetAttr(cell, helpers.shape);
+  PyObject* dtype = shape ? PyObject_GetAttr(cell, helpers.dtype) : nullptr;
+  PyObject* buf = dtype ? PyObject_GetAttr(cell, helpers.buf) : nullptr;
+  PyObject* lazy = buf ? PyObject_GetAttr(cell, helpers.lazy) : nullptr;
+  PyObject* out = nullptr;
+  if (lazy) out = Py_BuildValue("(NNO)", shape, dtype, (buf != Py_None || lazy != Py_None) ? Py_True : Py_False);
+  else {
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+  }
+  Py_XDECREF(buf);
+  Py_XDECREF(lazy);
+  return out;
+}
+
+// One argument's key entry; nullptr without a Python error where Python must collect.
+PyObject* argument_entry(long kind, PyObject* v, bool lift, PyObject* const* lists, PyObject* offsets) {
+  PyObject *cells = lists[1], *slot_of = lists[2], *tensors = lists[3], *scalars = lists[4], *scalar_types = lists[5];
+  if (kind == kTensor) {
+    if (v == Py_None) {
+      Py_INCREF(v);
+      return v;
+    }
+    if (!THPVariable_Check(v) || !on_device(THPVariable_Unpack(v))) return nullptr;
+    PyObject* entry = eager_entry(v, cells, slot_of, tensors, helpers.runtime_offset, offsets);
+    if (entry && !offset_scalars(offsets, scalars, scalar_types)) Py_CLEAR(entry);
+    return entry;
+  }
+  if (kind == kTensorList) {
+    if (!PyList_Check(v) && !PyTuple_Check(v)) return nullptr;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+    for (Py_ssize_t i = 0; i < n; ++i)
+      if (!is_device_tensor_or_none(PySequence_Fast_GET_ITEM(v, i))) return nullptr;
+    PyObject* out = PyTuple_New(n);
+    for (Py_ssize_t i = 0; out && i < n; ++i) {
+      PyObject* a = PySequence_Fast_GET_ITEM(v, i);
+      PyObject* entry = a == Py_None ? Py_NewRef(a) : eager_entry(a, cells, slot_of, tensors, helpers.runtime_offset, offsets);
+      if (!entry) Py_CLEAR(out);
+      else PyTuple_SET_ITEM(out, i, entry);
+    }
+    if (out && !offset_scalars(offsets, scalars, scalar_types)) Py_CLEAR(out);
+    return out;
+  }
+  if (kind == kScalar) return scalar_entry(v, lift, scalars, scalar_types);
+  if (kind == kScalarList && lift && PyObject_IsTrue(v) == 1) return nullptr;  // uploaded by numpy, in Python
+  if (holds_a_tensor(v)) return nullptr;  // Python raises
+  return freeze(v);
+}
+
+PyObject* collect_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 9 || !(PyTuple_Check(args[0]) || PyList_Check(args[0])) || !PyList_Check(args[1]) || !PyList_Check(args[3]) || !PyList_Check(args[4]) ||
+      !PyDict_Check(args[5]) || !PyList_Check(args[6]) || !PyList_Check(args[7]) || !PyList_Check(args[8])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "collect_call(kinds: list, values: list, lift, key: list, cells: list, slot_of: dict, tensors: list, "
+                    "scalars: list, scalar_types: list)");
+    return nullptr;
+  }
+  if (!helpers.device_scalar) {
+    PyErr_SetString(PyExc_RuntimeError, "collect_call: configure_collect was not called");
+    return nullptr;
+  }
+  PyObject *kinds = args[0], *values = args[1], *key = args[3], *cells = args[4];
+  PyObject* const* lists = args + 3;  // key, cells, slot_of, tensors, scalars, scalar_types
+  bool lift = PyObject_IsTrue(args[2]) == 1;
+  Py_ssize_t n = std::min(PySequence_Fast_GET_SIZE(kinds), PyList_GET_SIZE(values));
+  PyObject* offsets = PyList_New(0);
+  if (!offsets) return nullptr;
+  try {
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      long kind = PyLong_AsLong(PySequence_Fast_GET_ITEM(kinds, i));
+      PyObject* entry = argument_entry(kind, PyList_GET_ITEM(values, i), lift, lists, offsets);
+      if (!entry) {
+        Py_DECREF(offsets);
+        if (PyErr_Occurred()) return nullptr;
+        Py_RETURN_FALSE;
+      }
+      if (!append_new(key, entry)) {
+        Py_DECREF(offsets);
+        return nullptr;
+      }
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(cells); ++i) {
+      if (!append_new(key, cell_entry(PyList_GET_ITEM(cells, i)))) {
+        Py_DECREF(offsets);
+        return nullptr;
+      }
+    }
+  } catch (const std::exception& e) {
+    Py_DECREF(offsets);
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_DECREF(offsets);
+  Py_RETURN_TRUE;
+}
+
 // View ops only change metadata: the tpu kernels of the ops whose kernels are per backend
 // are the ones PyTorch's Meta key runs (torchtpu/eager/minimal.py ``VIEW_OPS`` does the
 // same from Python by redispatching to Meta, about 1.5 us per view). Registered once;
@@ -382,6 +616,11 @@ PyMethodDef methods[] = {
     {"eager_keys", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(eager_keys)), METH_FASTCALL,
      "eager_keys(tensors, cells, slot_of, seen, runtime_offset, offsets): an eager op's key entries of tensors "
      "(a tuple), or None where one needs Python."},
+    {"collect_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(collect_call)), METH_FASTCALL,
+     "collect_call(kinds, values, lift, key, cells, slot_of, tensors, scalars, scalar_types): an eager op's key "
+     "but its precision; False where an argument needs Python."},
+    {"configure_collect", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure_collect)), METH_FASTCALL,
+     "configure_collect(runtime_offset, device_scalar, freeze): the Python helpers of collect_call."},
     {"register_view_kernels", register_view_kernels, METH_NOARGS,
      "Register the tpu kernels of the per-backend view ops (once); their qualified overload names."},
     {nullptr, nullptr, 0, nullptr},

@@ -77,6 +77,10 @@ class _Spec(NamedTuple):
     updates: list[int]  # call slots the op rewrites
     buffer_shapes: list  # per new result, its storage's buffer shape (strided.buffer_shape); None for an absent one
     checked: bool  # its program reports device-side checks: the node keeps the user's line to blame
+    # the first call's arguments with tensors dropped (they live in the key), which every
+    # call of the key lowers with: the key holds each static argument, and a number passed
+    # as an operand is lowered from its type alone (as one eager program serves every value)
+    lvalues: list
     # names the op key in graph keys: a step's graph key of small ints hashes and compares in
     # microseconds, where its op keys (nested tuples) took ~0.3 ms per flush of minGPT's step
     uid: int
@@ -197,7 +201,7 @@ class Graph:
         return idx
 
     def new_cell(self, numel: int, dtype: torch.dtype, shape: Sequence[int] | None = None) -> tuple[Cell, int]:
-        cell = Cell(numel, dtype, shape=shape, lazy=self)  # counted from now on, as a CUDA allocation would be
+        cell = Cell(numel, dtype, None, shape, self)  # counted from now on, as a CUDA allocation would be
         idx = len(self.cells)
         self.cells.append(weakref.ref(cell))
         self.kinds.append((NEW, numel, dtype, cell.shape))
@@ -246,13 +250,10 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple, generator: to
     spec = _SPECS.get(key)
     if spec is None:
         spec = _SPECS[key] = _spec(plan, values, call)
-    slot = g.slot
-    gslots = tuple([slot(c) for c in call.cells])
-    lvalues = [
-        None if k == KIND_TENSOR_LIST or (k == KIND_TENSOR and isinstance(v, torch.Tensor)) else v
-        for k, v in zip(plan.kinds, values)
-    ]
-    node = _Node(plan, key, lvalues, gslots, call.scalar_types)
+    slot, epoch = g.slot, g.epoch
+    # Graph.slot's first test inlined: most storages an op reads are in the graph already
+    gslots = tuple([t[1] if (t := c.gslot) is not None and t[0] == epoch else slot(c) for c in call.cells])
+    node = _Node(plan, key, spec.lvalues, gslots, call.scalar_types)
     specs = node.out_specs = spec.outputs
     padded = call.padded
     if padded is not None:
@@ -379,7 +380,16 @@ def _spec(plan: OpPlan, values: list[Any], call: Any) -> _Spec:
     validate.check(plan, values)  # the CPU's metadata checks, once per op key
     pb, low = lower_single(plan, values, call)
     shapes = [None if s is None else buffer_shape(s[0], s[1], s[3]) for s in low.specs]
-    return _Spec(low.specs, low.rebuild(), list(low.updates), shapes, bool(pb.ctx.checks), next(_SPEC_UIDS))
+    lvalues = [
+        None if k == KIND_TENSOR_LIST or (k == KIND_TENSOR and isinstance(v, torch.Tensor)) else v
+        for k, v in zip(plan.kinds, values)
+    ]
+    return _Spec(low.specs, low.rebuild(), list(low.updates), shapes, bool(pb.ctx.checks), lvalues, next(_SPEC_UIDS))
+
+
+_multithreading_enabled = torch._C._is_multithreading_enabled  # looked up once: _hook_backward runs per op
+_thread_id = threading.get_ident
+_graph_task_id = torch._C._current_graph_task_id
 
 
 def _hook_backward(g: Graph) -> None:
@@ -388,9 +398,9 @@ def _hook_backward(g: Graph) -> None:
     called ``backward()`` records the optimizer step into it next. Without the engine's
     threads (``torch.autograd.set_multithreading_enabled(False)``, torchtpu's default for
     the thread that imports torch) the caller's own graph records the backward: it goes on."""
-    if not torch._C._is_multithreading_enabled() or g.owner != threading.get_ident():
+    if not _multithreading_enabled() or g.owner != _thread_id():
         return
-    task = torch._C._current_graph_task_id()
+    task = _graph_task_id()
     if task == -1 or g.hooked_backward == task:
         return
     g.hooked_backward = task

@@ -31,7 +31,7 @@ from ..runner.precision import current as current_precision
 from ..runner.program import OutputSpec, ProgramBuilder, StorageProgram, device_scalar, execute, take_pending, write_back
 from ..runtime import pjrt
 from ..tensor import storage
-from ..tensor.storage import Cell, cell_of, eager_keys, new_tensor
+from ..tensor.storage import Cell, cell_of, collect_call, configure_collect, eager_keys, new_tensor
 from . import buckets, deferred, growth, modes, rng, scalar_range, validate
 from .oplower import RUNTIME_OFFSET, lifted, lower_single
 from .plan import (
@@ -82,6 +82,10 @@ def _freeze(v: Any) -> Any:
         if v == 0.0 and math.copysign(1.0, v) < 0:  # -0.0 == 0.0: x * -0.0 would reuse x * 0.0's program
             return ("-0.0",)
     return (type(v), v) if isinstance(v, (bool, int, float)) else v
+
+
+if configure_collect is not None:  # collect_call's Python helpers
+    configure_collect(RUNTIME_OFFSET, device_scalar, _freeze)
 
 
 def _to_device_scalar_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -168,10 +172,19 @@ def key_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, 
 
 
 def _collect(plan: OpPlan, values: list[Any], padded: buckets.Padded | None = None) -> _Call:
+    """The call's operands and cache key: in C++ (``collect_call``) where every argument
+    is one it handles, else by the Python loop below, which gives the same key."""
     call = _Call(padded)
     key = call.key
     key.append(plan)  # the op, hashed by identity (OpOverload.__hash__ is Python)
     lift = plan.lift_scalars
+    if collect_call is not None and padded is None:
+        if collect_call(plan.kinds, values, lift, key, call.cells, call.slot_of, call.tensors, call.scalars, call.scalar_types):
+            key.append(current_precision())
+            return call
+        call = _Call(padded)  # the C++ loop stopped part-way: start again in Python
+        key = call.key
+        key.append(plan)
     for i, (kind, v) in enumerate(zip(plan.kinds, values)):
         if kind == KIND_TENSOR:
             if v is None:

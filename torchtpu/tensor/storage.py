@@ -141,6 +141,11 @@ graph_key = None if _fast is None else _fast.graph_key
 # eager_keys(tensors, cells, slot_of, seen, runtime_offset, offsets): an eager op's key
 # entries of its tensor arguments (eager/dispatch.py ``_Call._tensor``, in C++), or None
 eager_keys = None if _fast is None else _fast.eager_keys
+# collect_call(kinds, values, lift, key, cells, slot_of, tensors, scalars, scalar_types): an
+# eager op's whole key but its precision (eager/dispatch.py ``_collect``), or False where
+# an argument needs the Python loop; configure_collect gives it the Python helpers it calls
+collect_call = None if _fast is None else _fast.collect_call
+configure_collect = None if _fast is None else _fast.configure_collect
 
 
 def attach(t: torch.Tensor, cell: Cell, sizes: Sequence[int], strides: Sequence[int], offset: int = 0) -> None:
