@@ -54,7 +54,7 @@ from ..runner.precision import current as current_precision
 from ..runner.program import ProgramBuilder, StorageProgram, device_scalar, execute, write_back
 from ..runtime import pjrt
 from ..stablehlo.builder import Value
-from ..tensor.storage import Cell, cell_of, graph_key, new_tensor
+from ..tensor.storage import Cell, cell_of, graph_key, input_buffers, new_tensor
 from .dynamic import mark_rows
 
 aten = torch.ops.aten
@@ -599,7 +599,8 @@ class CompiledGraph:
             return self._results(prog.outputs, call.user_args(), iter(()))
         if prog.storage.updates:  # their old buffers are donated: a pending graph reading them runs first
             deferred.flush_readers([call.cells[slot] for slot in prog.storage.updates])
-        inputs = [b for b in [c.buf for c in call.cells] if b is not None]  # Cell.buf runs a pending graph: once per cell
+        # Cell.buf runs a pending graph: once per cell
+        inputs = [b for b in [c.buf for c in call.cells] if b is not None] if input_buffers is None else input_buffers(call.cells)
         inputs.extend(call.scalars)
         if prog.n_random:
             inputs.append(rng.reserve_state_buffer(prog.n_random))

@@ -56,6 +56,11 @@ namespace {
 const c10::Device kDevice(c10::DeviceType::PrivateUse1, 0);
 PyObject* kCell = nullptr;  // "_cell" and "nbytes", interned at import
 PyObject* kNbytes = nullptr;
+PyObject* kBuf = nullptr;  // Cell's "_buf", "lazy", "counted", "flush_for" and "set"
+PyObject* kLazy = nullptr;
+PyObject* kCounted = nullptr;
+PyObject* kFlushFor = nullptr;
+PyObject* kSet = nullptr;
 
 // Opaque, non-null data pointers, spaced so that no two storages' byte ranges overlap
 // (torch.save and PyTorch's overlap checks read them); never dereferenced.
@@ -340,8 +345,6 @@ struct CollectHelpers {
   PyObject* s_tag = nullptr;           // "s": the key entry of a lifted number is ("s", type)
   PyObject* shape = nullptr;           // Cell attribute names, interned
   PyObject* dtype = nullptr;
-  PyObject* buf = nullptr;
-  PyObject* lazy = nullptr;
 };
 CollectHelpers helpers;
 enum Kind { kTensor = 0, kTensorList = 1, kScalar = 2, kScalarList = 3 };
@@ -359,8 +362,6 @@ PyObject* configure_collect(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
     helpers.s_tag = PyUnicode_InternFromString("s");
     helpers.shape = PyUnicode_InternFromString("shape");
     helpers.dtype = PyUnicode_InternFromString("dtype");
-    helpers.buf = PyUnicode_InternFromString("_buf");
-    helpers.lazy = PyUnicode_InternFromString("lazy");
   }
   Py_RETURN_NONE;
 }
@@ -463,8 +464,8 @@ bool holds_a_tensor(PyObject* v) {
 PyObject* cell_entry(PyObject* cell) {
   PyObject* shape = PyObject_GetAttr(cell, helpers.shape);
   PyObject* dtype = shape ? PyObject_GetAttr(cell, helpers.dtype) : nullptr;
-  PyObject* buf = dtype ? PyObject_GetAttr(cell, helpers.buf) : nullptr;
-  PyObject* lazy = buf ? PyObject_GetAttr(cell, helpers.lazy) : nullptr;
+  PyObject* buf = dtype ? PyObject_GetAttr(cell, kBuf) : nullptr;
+  PyObject* lazy = buf ? PyObject_GetAttr(cell, kLazy) : nullptr;
   PyObject* out = nullptr;
   if (lazy) out = Py_BuildValue("(NNO)", shape, dtype, (buf != Py_None || lazy != Py_None) ? Py_True : Py_False);
   else {
@@ -557,6 +558,127 @@ PyObject* collect_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
+// The per-storage work around a program's execution, where an optimizer's foreach op
+// touches ~100 storages (torchtpu/eager/dispatch.py ``_donatable``, the runners' input
+// lists, torchtpu/runner/program.py ``write_back``; their Python twins stay):
+//
+//   donatable(tensors, slot_of)  the call slots of ``tensors`` (an in-place op's rewritten
+//       ones) whose buffer only its storage cell holds and that no pending graph produces;
+//   input_buffers(cells)  each cell's buffer, a pending one's graph run first
+//       (``cell.lazy.flush_for(cell)``), cells never written left out;
+//   write_back(updates, cells, outs, n)  ``cells[updates[i]]`` takes ``outs[n + i]``, through
+//       ``Cell.set`` where the cell is pending or not yet counted.
+// ``t``'s storage cell (a new reference), or nullptr with a Python error.
+PyObject* cell_of(PyObject* arg) {
+  PyObject* py_storage = THPStorage_Wrap(THPVariable_Unpack(arg).storage());
+  if (!py_storage) return nullptr;
+  PyObject* cell = PyObject_GetAttr(py_storage, kCell);
+  Py_DECREF(py_storage);
+  return cell;
+}
+
+PyObject* donatable(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "donatable(tensors: list, slot_of: dict)");
+    return nullptr;
+  }
+  PyObject* slots = PyList_New(0);
+  try {
+    for (Py_ssize_t i = 0; slots && i < PyList_GET_SIZE(args[0]); ++i) {
+      PyObject* t = PyList_GET_ITEM(args[0], i);
+      if (!THPVariable_Check(t)) continue;
+      PyObject* cell = cell_of(t);
+      PyObject* buf = cell ? PyObject_GetAttr(cell, kBuf) : nullptr;
+      PyObject* lazy = buf ? PyObject_GetAttr(cell, kLazy) : nullptr;
+      bool ok = lazy != nullptr;
+      // references to the buffer: the cell's and ours; any other holder (a storage sharing
+      // it, a pending graph reading it) forbids donation
+      if (ok && buf != Py_None && lazy == Py_None && Py_REFCNT(buf) == 2) {
+        PyObject* id = PyLong_FromVoidPtr(cell);
+        PyObject* slot = id ? PyDict_GetItemWithError(args[1], id) : nullptr;  // borrowed
+        Py_XDECREF(id);
+        if (!slot) {
+          if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "donatable: a tensor's storage is not in the call");
+          ok = false;
+        } else {
+          ok = PyList_Append(slots, slot) == 0;
+        }
+      }
+      Py_XDECREF(lazy);
+      Py_XDECREF(buf);
+      Py_XDECREF(cell);
+      if (!ok) Py_CLEAR(slots);
+    }
+  } catch (const std::exception& e) {
+    Py_CLEAR(slots);
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  if (!slots) return nullptr;
+  PyObject* out = PyList_AsTuple(slots);
+  Py_DECREF(slots);
+  return out;
+}
+
+PyObject* input_buffers(PyObject*, PyObject* cells) {
+  PyObject* items = PySequence_Fast(cells, "input_buffers: cells must be a sequence");
+  if (!items) return nullptr;
+  PyObject* out = PyList_New(0);
+  for (Py_ssize_t i = 0; out && i < PySequence_Fast_GET_SIZE(items); ++i) {
+    PyObject* cell = PySequence_Fast_GET_ITEM(items, i);
+    PyObject* lazy = PyObject_GetAttr(cell, kLazy);
+    bool ok = lazy != nullptr;
+    if (ok && lazy != Py_None) {  // a pending graph produces it: run that first
+      PyObject* r = PyObject_CallMethodOneArg(lazy, kFlushFor, cell);
+      ok = r != nullptr;
+      Py_XDECREF(r);
+    }
+    Py_XDECREF(lazy);
+    PyObject* buf = ok ? PyObject_GetAttr(cell, kBuf) : nullptr;
+    if (!buf || (buf != Py_None && PyList_Append(out, buf))) Py_CLEAR(out);
+    Py_XDECREF(buf);
+  }
+  Py_DECREF(items);
+  return out;
+}
+
+PyObject* write_back(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "write_back(updates, cells, outs, n: int)");
+    return nullptr;
+  }
+  PyObject* updates = PySequence_Fast(args[0], "write_back: updates must be a sequence");
+  if (!updates) return nullptr;
+  PyObject* outs = PySequence_Fast(args[2], "write_back: outs must be a sequence");
+  if (!outs) {
+    Py_DECREF(updates);
+    return nullptr;
+  }
+  Py_ssize_t n = PyLong_AsSsize_t(args[3]);
+  bool ok = !(n == -1 && PyErr_Occurred());
+  for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(updates) && n + i < PySequence_Fast_GET_SIZE(outs); ++i) {
+    PyObject* cell = PyObject_GetItem(args[1], PySequence_Fast_GET_ITEM(updates, i));
+    PyObject* buf = PySequence_Fast_GET_ITEM(outs, n + i);
+    PyObject* lazy = cell ? PyObject_GetAttr(cell, kLazy) : nullptr;
+    PyObject* counted = lazy ? PyObject_GetAttr(cell, kCounted) : nullptr;
+    if (!counted) {
+      ok = false;
+    } else if (lazy == Py_None && counted == Py_True) {
+      ok = PyObject_SetAttr(cell, kBuf, buf) == 0;
+    } else {  // Cell.set runs the pending graph and counts the bytes
+      PyObject* r = PyObject_CallMethodOneArg(cell, kSet, buf);
+      ok = r != nullptr;
+      Py_XDECREF(r);
+    }
+    Py_XDECREF(counted);
+    Py_XDECREF(lazy);
+    Py_XDECREF(cell);
+  }
+  Py_DECREF(updates);
+  Py_DECREF(outs);
+  if (!ok) return nullptr;
+  Py_RETURN_NONE;
+}
+
 // View ops only change metadata: the tpu kernels of the ops whose kernels are per backend
 // are the ones PyTorch's Meta key runs (torchtpu/eager/minimal.py ``VIEW_OPS`` does the
 // same from Python by redispatching to Meta, about 1.5 us per view). Registered once;
@@ -621,6 +743,11 @@ PyMethodDef methods[] = {
      "but its precision; False where an argument needs Python."},
     {"configure_collect", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure_collect)), METH_FASTCALL,
      "configure_collect(runtime_offset, device_scalar, freeze): the Python helpers of collect_call."},
+    {"donatable", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(donatable)), METH_FASTCALL,
+     "donatable(tensors, slot_of): the call slots of tensors whose buffer only their storage cell holds."},
+    {"input_buffers", input_buffers, METH_O, "input_buffers(cells): each written cell's buffer, pending graphs run first."},
+    {"write_back", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(write_back)), METH_FASTCALL,
+     "write_back(updates, cells, outs, n): cells[updates[i]] takes outs[n + i]."},
     {"register_view_kernels", register_view_kernels, METH_NOARGS,
      "Register the tpu kernels of the per-backend view ops (once); their qualified overload names."},
     {nullptr, nullptr, 0, nullptr},
@@ -633,6 +760,11 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "torchtpu.tensor._fast", nullptr, -
 PyMODINIT_FUNC PyInit__fast() {
   kCell = PyUnicode_InternFromString("_cell");
   kNbytes = PyUnicode_InternFromString("nbytes");
-  if (!kCell || !kNbytes) return nullptr;
+  kBuf = PyUnicode_InternFromString("_buf");
+  kLazy = PyUnicode_InternFromString("lazy");
+  kCounted = PyUnicode_InternFromString("counted");
+  kFlushFor = PyUnicode_InternFromString("flush_for");
+  kSet = PyUnicode_InternFromString("set");
+  if (!kCell || !kNbytes || !kBuf || !kLazy || !kCounted || !kFlushFor || !kSet) return nullptr;
   return PyModule_Create(&module);
 }

@@ -31,7 +31,7 @@ from ..runner.precision import current as current_precision
 from ..runner.program import OutputSpec, ProgramBuilder, StorageProgram, device_scalar, execute, take_pending, write_back
 from ..runtime import pjrt
 from ..tensor import storage
-from ..tensor.storage import Cell, cell_of, collect_call, configure_collect, eager_keys, new_tensor
+from ..tensor.storage import Cell, cell_of, collect_call, configure_collect, donatable, eager_keys, input_buffers, new_tensor
 from . import buckets, deferred, growth, modes, rng, scalar_range, validate
 from .oplower import RUNTIME_OFFSET, lifted, lower_single
 from .plan import (
@@ -279,7 +279,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         metrics.add("cache_hits")
     if op_report.recorder is not None:
         _report(plan)
-    inputs = [c.buf for c in call.cells if c.initialized]
+    inputs = [c.buf for c in call.cells if c.initialized] if input_buffers is None else input_buffers(call.cells)
     inputs.extend(call.scalars)
     if plan.random:
         inputs.append(rng.next_state_buffer(generator))
@@ -375,6 +375,8 @@ def _donatable(plan: OpPlan, values: list[Any], call: _Call) -> tuple[int, ...]:
     """Slots of the storages this in-place (or out=) op rewrites whose buffer nothing else
     holds: XLA then updates them in place. Without it, writing a slice of a large tensor
     (``bucket[i:j].copy_(grad)``, a KV-cache update) copies the whole buffer."""
+    if donatable is not None:  # the same in C++: an optimizer's foreach op rewrites ~100 storages
+        return donatable(plan.mutated_tensors(values), call.slot_of)
     slots = []
     for t in plan.mutated_tensors(values):
         if not isinstance(t, torch.Tensor):

@@ -38,6 +38,7 @@ from ..runtime import cache, pjrt
 from ..runtime import distributed as rdist
 from ..stablehlo.builder import Value
 from ..stablehlo.types import numpy_dtype
+from ..tensor.storage import native_write_back
 from . import checks
 from .bounded import BoundedCache
 from .precision import current as current_precision
@@ -209,8 +210,11 @@ def execute(program: StorageProgram, inputs: list[Any], blame: str | Sequence[Bl
 def write_back(program: StorageProgram, cells: Sequence[Any], outs: list[Any]) -> list[Any]:
     """Swap each rewritten storage's new buffer into its cell; the new results."""
     n = program.n_results
-    for slot, buf in zip(program.updates, outs[n:]):
-        cells[slot].set(buf)
+    if native_write_back is not None:
+        native_write_back(program.updates, cells, outs, n)
+    else:
+        for slot, buf in zip(program.updates, outs[n:]):
+            cells[slot].set(buf)
     return outs[:n]
 
 

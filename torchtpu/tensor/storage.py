@@ -146,6 +146,12 @@ eager_keys = None if _fast is None else _fast.eager_keys
 # an argument needs the Python loop; configure_collect gives it the Python helpers it calls
 collect_call = None if _fast is None else _fast.collect_call
 configure_collect = None if _fast is None else _fast.configure_collect
+# donatable(tensors, slot_of), input_buffers(cells), write_back(updates, cells, outs, n): the
+# per-storage work around an execution (eager/dispatch.py ``_donatable``, the runners' input
+# lists, runner/program.py ``write_back``), or None where the fast paths were not built
+donatable = None if _fast is None else _fast.donatable
+input_buffers = None if _fast is None else _fast.input_buffers
+native_write_back = None if _fast is None else _fast.write_back
 
 
 def attach(t: torch.Tensor, cell: Cell, sizes: Sequence[int], strides: Sequence[int], offset: int = 0) -> None:
