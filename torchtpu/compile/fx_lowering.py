@@ -600,7 +600,7 @@ class CompiledGraph:
         if prog.storage.updates:  # their old buffers are donated: a pending graph reading them runs first
             deferred.flush_readers([call.cells[slot] for slot in prog.storage.updates])
         # Cell.buf runs a pending graph: once per cell
-        inputs = [b for b in [c.buf for c in call.cells] if b is not None] if input_buffers is None else input_buffers(call.cells)
+        inputs = [c.buf for c in call.cells if c.initialized] if input_buffers is None else input_buffers(call.cells)
         inputs.extend(call.scalars)
         if prog.n_random:
             inputs.append(rng.reserve_state_buffer(prog.n_random))

@@ -626,15 +626,18 @@ PyObject* input_buffers(PyObject*, PyObject* cells) {
   for (Py_ssize_t i = 0; out && i < PySequence_Fast_GET_SIZE(items); ++i) {
     PyObject* cell = PySequence_Fast_GET_ITEM(items, i);
     PyObject* lazy = PyObject_GetAttr(cell, kLazy);
-    bool ok = lazy != nullptr;
-    if (ok && lazy != Py_None) {  // a pending graph produces it: run that first
+    bool ok = lazy != nullptr, pending = ok && lazy != Py_None;
+    if (pending) {  // a pending graph produces it: run that first
       PyObject* r = PyObject_CallMethodOneArg(lazy, kFlushFor, cell);
       ok = r != nullptr;
       Py_XDECREF(r);
     }
     Py_XDECREF(lazy);
     PyObject* buf = ok ? PyObject_GetAttr(cell, kBuf) : nullptr;
-    if (!buf || (buf != Py_None && PyList_Append(out, buf))) Py_CLEAR(out);
+    // a pending cell is an input whatever its graph left (as Cell.initialized decides
+    // before Cell.buf runs the graph): a missing buffer then fails the call loudly
+    // instead of shifting the inputs after it
+    if (!buf || ((pending || buf != Py_None) && PyList_Append(out, buf))) Py_CLEAR(out);
     Py_XDECREF(buf);
   }
   Py_DECREF(items);
