@@ -30,6 +30,7 @@ import torch
 from torch._prims_common import can_safe_cast_to
 from torch.utils._pytree import tree_flatten
 
+from ..lowering.strided import dense_order
 from ..tensor.storage import cell_of
 from .minimal import check_not_pinned
 from .plan import KIND_TENSOR, KIND_TENSOR_LIST, OpPlan
@@ -678,24 +679,13 @@ def assert_no_internal_overlap(t: torch.Tensor) -> None:
 NO, PARTIAL, FULL, TOO_HARD = range(4)
 
 
-def non_overlapping_and_dense(t: torch.Tensor) -> bool:
-    """c10's compute_non_overlapping_and_dense: some permutation of the dims is contiguous."""
-    sizes, strides = t.shape, t.stride()
-    if len(sizes) == 1:
-        return sizes[0] < 2 or strides[0] == 1
-    expected = 1
-    for size, stride in sorted((p for p in zip(sizes, strides) if p[0] >= 2), key=lambda p: p[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
 def overlap_status(a: torch.Tensor, b: torch.Tensor) -> int:
     """at::get_overlap_status on the view metadata (byte ranges within one storage)."""
     if a.numel() == 0 or b.numel() == 0:
         return NO
-    if not non_overlapping_and_dense(a) or not non_overlapping_and_dense(b):
+    # c10's compute_non_overlapping_and_dense (some permutation of the dims is contiguous),
+    # which agrees with dense_order once no dim is empty
+    if dense_order(a.shape, a.stride()) is None or dense_order(b.shape, b.stride()) is None:
         return TOO_HARD
     if cell_of(a) is not cell_of(b):
         return NO
