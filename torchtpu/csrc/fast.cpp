@@ -1,4 +1,4 @@
-// C++ versions of the two things every op and every compiled-graph call does per tensor,
+// C++ versions of what every op and every compiled-graph call does per tensor,
 // where Python's own cost is most of the time of a small step (issue 12's measurements):
 //
 //   new_tensor(cell, sizes, strides, offset, dtype)
@@ -15,7 +15,11 @@
 //   eager_keys(tensors, cells, slot_of, seen, runtime_offset, offsets)
 //       the same for an eager op's tensor arguments (torchtpu/eager/dispatch.py
 //       ``_Call.tensor``), whose entries also normalize size-1 strides and make a nonzero
-//       storage offset a runtime operand.
+//       storage offset a runtime operand;
+//   collect_call(...)
+//       an eager op's whole key (``_collect``), its arguments' entries and its cells';
+//   donatable, input_buffers, write_back
+//       the per-storage work around an execution (see their comment below).
 //
 // Optional, like hooks.cpp: torchtpu/tensor/storage.py uses it when it was built and
 // does the same in Python otherwise; tests/test_native_fast.py checks both agree.
@@ -406,7 +410,7 @@ PyObject* freeze(PyObject* v) {
 }
 
 // oplower.lifted: a bool always; an int, float or complex unless it is 0, 1 or -1.
-bool lifted(PyObject* v, bool lift, int* error) {
+bool lifted(PyObject* v, bool lift) {
   if (!lift) return false;
   PyTypeObject* tp = Py_TYPE(v);
   if (tp == &PyBool_Type) return true;
@@ -423,15 +427,13 @@ bool lifted(PyObject* v, bool lift, int* error) {
     Py_complex c = PyComplex_AsCComplex(v);
     return !(c.imag == 0.0 && (c.real == 0.0 || c.real == 1.0 || c.real == -1.0));
   }
-  (void)error;
   return false;
 }
 
 // A scalar argument's key entry: ("s", type) with its device buffer appended to
 // ``scalars``, or its frozen value.
 PyObject* scalar_entry(PyObject* v, bool lift, PyObject* scalars, PyObject* scalar_types) {
-  int error = 0;
-  if (!lifted(v, lift, &error)) return freeze(v);
+  if (!lifted(v, lift)) return freeze(v);
   PyObject* tp = reinterpret_cast<PyObject*>(Py_TYPE(v));
   PyObject* buf = PyObject_CallFunctionObjArgs(helpers.device_scalar, v, tp, nullptr);
   if (!append_new(scalars, buf) || PyList_Append(scalar_types, tp)) return nullptr;
