@@ -504,3 +504,22 @@ def test_pooling_a_transposed_view_matches_the_cpu(pool):
         got = pool(x.to("tpu").transpose(1, 2))
         assert got.stride() == eager.stride()
         torch.testing.assert_close(got.cpu(), want)
+
+
+def test_one_op_key_with_other_numbers_in_one_graph_matches_the_cpu() -> None:
+    """A node lowers with the arguments its op key's first call recorded: a number passed
+    as an operand (a multiplier, alpha, a clamp bound) must come from each call's own
+    operand, a static one (the dim, keepdim) from the key. Two calls of the same four op
+    keys with other numbers, recorded into one graph, each get their own values."""
+    x = torch.randn(4, 6)
+    for d in (0, 1):
+        calls = ((2.5, 0.5, -0.3), (-1.5, 7.0, 0.7))
+        with torchtpu.eager_mode("defer_and_fuse"):
+            t = x.to(TPU)
+            torch.tpu.synchronize()
+            outs = [torch.add(t, t * k, alpha=a).clamp(min=lo).sum(d, keepdim=True) for k, a, lo in calls]
+            assert deferred.pending_ops() == 8  # both calls' four ops, in one graph
+            assert len({uid for uid, _ in deferred._local.graph.keys}) == 4  # the same four op keys twice
+            got = [o.cpu() for o in outs]
+        for (k, a, lo), g in zip(calls, got):
+            torch.testing.assert_close(g, torch.add(x, x * k, alpha=a).clamp(min=lo).sum(d, keepdim=True))
