@@ -31,6 +31,12 @@ def test_the_fast_paths_are_built_where_a_compiler_is() -> None:
         pytest.skip("no C++ compiler on this machine")
     assert storage.new_tensor is storage._fast.new_tensor
     assert fx_lowering.graph_key is storage._fast.graph_key
+    from torchtpu.eager import dispatch
+    from torchtpu.runner import program
+
+    assert dispatch.collect_call is storage._fast.collect_call and dispatch.donatable is storage._fast.donatable
+    assert dispatch.input_buffers is fx_lowering.input_buffers is storage._fast.input_buffers
+    assert program.native_write_back is storage._fast.write_back
     assert memory.allocated is memory._counters.allocated
 
 
