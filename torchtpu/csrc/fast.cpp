@@ -60,7 +60,10 @@ namespace {
 const c10::Device kDevice(c10::DeviceType::PrivateUse1, 0);
 PyObject* kCell = nullptr;  // "_cell" and "nbytes", interned at import
 PyObject* kNbytes = nullptr;
-PyObject* kBuf = nullptr;  // Cell's "_buf", "lazy", "counted", "flush_for" and "set"
+PyObject* kBuf = nullptr;  // Cell's "_buf", "lazy", "counted", "flush_for", "set", "shape" and "dtype"
+PyObject* kShape = nullptr;
+PyObject* kDtype = nullptr;
+PyObject* kLiftedTag = nullptr;  // "s": the key entry of a number passed as an operand is ("s", type)
 PyObject* kLazy = nullptr;
 PyObject* kCounted = nullptr;
 PyObject* kFlushFor = nullptr;
@@ -153,14 +156,21 @@ PyObject* int_tuple(c10::IntArrayRef values) {
   return out;
 }
 
-// The slot of tpu tensor ``t``'s storage cell in a call's ``cells``/``slot_of`` (keyed by
-// id(cell), as the Python paths key it), given one on first sight. nullptr without a
-// Python error: its storage has no cell (not made by torchtpu; Python explains).
-PyObject* cell_slot(const at::Tensor& t, PyObject* cells, PyObject* slot_of) {
+// ``t``'s storage cell (a new reference), or nullptr with a Python error (an
+// AttributeError where its storage has none).
+PyObject* storage_cell(const at::Tensor& t) {
   PyObject* py_storage = THPStorage_Wrap(t.storage());
   if (!py_storage) return nullptr;
   PyObject* cell = PyObject_GetAttr(py_storage, kCell);
   Py_DECREF(py_storage);
+  return cell;
+}
+
+// The slot of tpu tensor ``t``'s storage cell in a call's ``cells``/``slot_of`` (keyed by
+// id(cell), as the Python paths key it), given one on first sight. nullptr without a
+// Python error: its storage has no cell (not made by torchtpu; Python explains).
+PyObject* cell_slot(const at::Tensor& t, PyObject* cells, PyObject* slot_of) {
+  PyObject* cell = storage_cell(t);
   if (!cell) {
     if (PyErr_ExceptionMatches(PyExc_AttributeError)) PyErr_Clear();
     return nullptr;
@@ -282,9 +292,34 @@ PyObject* graph_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
-// eager_keys(tensors, cells, slot_of, seen, runtime_offset, offsets): the key entries of
-// an eager op's tensor arguments ``tensors`` (a list; None items stay None) as a tuple,
-// or None, having changed nothing, where one is not a tpu tensor.
+// The key entries of an eager op's tensor arguments ``items`` (a list or tuple; None items
+// stay None) as a new tuple. nullptr without a Python error where one is not a tpu tensor
+// (checked for every item before any state changes: a CPU scalar the op moves, or one it
+// refuses, is Python's) or has no storage cell; nullptr with one on failure.
+PyObject* tensor_entries(PyObject* items, PyObject* cells, PyObject* slot_of, PyObject* tensors, PyObject* runtime_offset,
+                         PyObject* offsets) {
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* a = PySequence_Fast_GET_ITEM(items, i);
+    if (a != Py_None && !(THPVariable_Check(a) && on_device(THPVariable_Unpack(a)))) return nullptr;
+  }
+  PyObject* out = PyTuple_New(n);
+  try {
+    for (Py_ssize_t i = 0; out && i < n; ++i) {
+      PyObject* a = PySequence_Fast_GET_ITEM(items, i);
+      PyObject* entry = a == Py_None ? Py_NewRef(a) : eager_entry(a, cells, slot_of, tensors, runtime_offset, offsets);
+      if (!entry) Py_CLEAR(out);
+      else PyTuple_SET_ITEM(out, i, entry);
+    }
+  } catch (const std::exception& e) {
+    Py_CLEAR(out);
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return out;
+}
+
+// eager_keys(tensors, cells, slot_of, seen, runtime_offset, offsets): tensor_entries of an
+// eager op's tensor arguments ``tensors`` (a sequence), or None where Python must key them.
 PyObject* eager_keys(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 6 || !PyList_Check(args[1]) || !PyDict_Check(args[2]) || !PyList_Check(args[3]) || !PyList_Check(args[5])) {
     PyErr_SetString(PyExc_TypeError, "eager_keys(tensors, cells: list, slot_of: dict, seen: list, runtime_offset, offsets: list)");
@@ -292,44 +327,9 @@ PyObject* eager_keys(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   PyObject* items = PySequence_Fast(args[0], "eager_keys: tensors must be a sequence");
   if (!items) return nullptr;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
-  // first every item's kind, before any state changes: a tensor on another device (a CPU
-  // scalar the op moves, or one it refuses) is Python's
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* a = PySequence_Fast_GET_ITEM(items, i);
-    if (a != Py_None && !(THPVariable_Check(a) && on_device(THPVariable_Unpack(a)))) {
-      Py_DECREF(items);
-      Py_RETURN_NONE;
-    }
-  }
-  PyObject* out = PyTuple_New(n);
-  try {
-    for (Py_ssize_t i = 0; out && i < n; ++i) {
-      PyObject* a = PySequence_Fast_GET_ITEM(items, i);
-      PyObject* entry;
-      if (a == Py_None) {
-        Py_INCREF(Py_None);
-        entry = Py_None;
-      } else if (THPVariable_Check(a)) {
-        entry = eager_entry(a, args[1], args[2], args[3], args[4], args[5]);
-      } else {
-        entry = nullptr;
-      }
-      if (!entry) {
-        Py_CLEAR(out);
-        if (!PyErr_Occurred()) {
-          Py_DECREF(items);
-          Py_RETURN_NONE;
-        }
-        break;
-      }
-      PyTuple_SET_ITEM(out, i, entry);
-    }
-  } catch (const std::exception& e) {
-    Py_CLEAR(out);
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-  }
+  PyObject* out = tensor_entries(items, args[1], args[2], args[3], args[4], args[5]);
   Py_DECREF(items);
+  if (!out && !PyErr_Occurred()) Py_RETURN_NONE;
   return out;
 }
 
@@ -346,9 +346,6 @@ struct CollectHelpers {
   PyObject* runtime_offset = nullptr;  // the scalar_types entry of a view's offset
   PyObject* device_scalar = nullptr;   // device_scalar(value, pytype) -> buffer
   PyObject* freeze = nullptr;          // _freeze(value) for what C leaves to Python
-  PyObject* s_tag = nullptr;           // "s": the key entry of a lifted number is ("s", type)
-  PyObject* shape = nullptr;           // Cell attribute names, interned
-  PyObject* dtype = nullptr;
 };
 CollectHelpers helpers;
 enum Kind { kTensor = 0, kTensorList = 1, kScalar = 2, kScalarList = 3 };
@@ -362,11 +359,6 @@ PyObject* configure_collect(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   Py_XSETREF(helpers.runtime_offset, args[0]);
   Py_XSETREF(helpers.device_scalar, args[1]);
   Py_XSETREF(helpers.freeze, args[2]);
-  if (!helpers.s_tag) {
-    helpers.s_tag = PyUnicode_InternFromString("s");
-    helpers.shape = PyUnicode_InternFromString("shape");
-    helpers.dtype = PyUnicode_InternFromString("dtype");
-  }
   Py_RETURN_NONE;
 }
 
@@ -437,7 +429,7 @@ PyObject* scalar_entry(PyObject* v, bool lift, PyObject* scalars, PyObject* scal
   PyObject* tp = reinterpret_cast<PyObject*>(Py_TYPE(v));
   PyObject* buf = PyObject_CallFunctionObjArgs(helpers.device_scalar, v, tp, nullptr);
   if (!append_new(scalars, buf) || PyList_Append(scalar_types, tp)) return nullptr;
-  return PyTuple_Pack(2, helpers.s_tag, tp);
+  return PyTuple_Pack(2, kLiftedTag, tp);
 }
 
 // The device scalars of the nonzero view offsets eager_entry collected, in order.
@@ -450,10 +442,6 @@ bool offset_scalars(PyObject* offsets, PyObject* scalars, PyObject* scalar_types
   return PyList_SetSlice(offsets, 0, PyList_GET_SIZE(offsets), nullptr) == 0;
 }
 
-bool is_device_tensor_or_none(PyObject* a) {
-  return a == Py_None || (THPVariable_Check(a) && on_device(THPVariable_Unpack(a)));
-}
-
 bool holds_a_tensor(PyObject* v) {
   if (THPVariable_Check(v)) return true;
   if (!PyList_Check(v) && !PyTuple_Check(v)) return false;
@@ -464,8 +452,8 @@ bool holds_a_tensor(PyObject* v) {
 
 // The (buffer shape, dtype, initialized) entry of a storage cell.
 PyObject* cell_entry(PyObject* cell) {
-  PyObject* shape = PyObject_GetAttr(cell, helpers.shape);
-  PyObject* dtype = shape ? PyObject_GetAttr(cell, helpers.dtype) : nullptr;
+  PyObject* shape = PyObject_GetAttr(cell, kShape);
+  PyObject* dtype = shape ? PyObject_GetAttr(cell, kDtype) : nullptr;
   PyObject* buf = dtype ? PyObject_GetAttr(cell, kBuf) : nullptr;
   PyObject* lazy = buf ? PyObject_GetAttr(cell, kLazy) : nullptr;
   PyObject* out = nullptr;
@@ -494,16 +482,7 @@ PyObject* argument_entry(long kind, PyObject* v, bool lift, PyObject* const* lis
   }
   if (kind == kTensorList) {
     if (!PyList_Check(v) && !PyTuple_Check(v)) return nullptr;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
-    for (Py_ssize_t i = 0; i < n; ++i)
-      if (!is_device_tensor_or_none(PySequence_Fast_GET_ITEM(v, i))) return nullptr;
-    PyObject* out = PyTuple_New(n);
-    for (Py_ssize_t i = 0; out && i < n; ++i) {
-      PyObject* a = PySequence_Fast_GET_ITEM(v, i);
-      PyObject* entry = a == Py_None ? Py_NewRef(a) : eager_entry(a, cells, slot_of, tensors, helpers.runtime_offset, offsets);
-      if (!entry) Py_CLEAR(out);
-      else PyTuple_SET_ITEM(out, i, entry);
-    }
+    PyObject* out = tensor_entries(v, cells, slot_of, tensors, helpers.runtime_offset, offsets);
     if (out && !offset_scalars(offsets, scalars, scalar_types)) Py_CLEAR(out);
     return out;
   }
@@ -570,15 +549,6 @@ PyObject* collect_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 //       (``cell.lazy.flush_for(cell)``), cells never written left out;
 //   write_back(updates, cells, outs, n)  ``cells[updates[i]]`` takes ``outs[n + i]``, through
 //       ``Cell.set`` where the cell is pending or not yet counted.
-// ``t``'s storage cell (a new reference), or nullptr with a Python error.
-PyObject* cell_of(PyObject* arg) {
-  PyObject* py_storage = THPStorage_Wrap(THPVariable_Unpack(arg).storage());
-  if (!py_storage) return nullptr;
-  PyObject* cell = PyObject_GetAttr(py_storage, kCell);
-  Py_DECREF(py_storage);
-  return cell;
-}
-
 PyObject* donatable(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
     PyErr_SetString(PyExc_TypeError, "donatable(tensors: list, slot_of: dict)");
@@ -589,7 +559,7 @@ PyObject* donatable(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     for (Py_ssize_t i = 0; slots && i < PyList_GET_SIZE(args[0]); ++i) {
       PyObject* t = PyList_GET_ITEM(args[0], i);
       if (!THPVariable_Check(t)) continue;
-      PyObject* cell = cell_of(t);
+      PyObject* cell = storage_cell(THPVariable_Unpack(t));
       PyObject* buf = cell ? PyObject_GetAttr(cell, kBuf) : nullptr;
       PyObject* lazy = buf ? PyObject_GetAttr(cell, kLazy) : nullptr;
       bool ok = lazy != nullptr;
@@ -770,6 +740,9 @@ PyMODINIT_FUNC PyInit__fast() {
   kCounted = PyUnicode_InternFromString("counted");
   kFlushFor = PyUnicode_InternFromString("flush_for");
   kSet = PyUnicode_InternFromString("set");
-  if (!kCell || !kNbytes || !kBuf || !kLazy || !kCounted || !kFlushFor || !kSet) return nullptr;
+  kShape = PyUnicode_InternFromString("shape");
+  kDtype = PyUnicode_InternFromString("dtype");
+  kLiftedTag = PyUnicode_InternFromString("s");
+  if (!kCell || !kNbytes || !kBuf || !kLazy || !kCounted || !kFlushFor || !kSet || !kShape || !kDtype || !kLiftedTag) return nullptr;
   return PyModule_Create(&module);
 }
