@@ -16,12 +16,13 @@ import sys
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import _spans, metrics
+from .. import _spans, config, metrics
 from ..errors import TpuPlatformError, TpuRuntimeError
 from . import platforms
 
@@ -146,7 +147,12 @@ class Runtime:
         self.supports_f64 = self.platform != "tpu"
         # LAPACK custom calls (linalg) exist only in XLA's CPU client
         self.has_lapack = self.platform == "cpu" and _register_lapack(xla_client)
-        self._avals: dict[tuple, Any] = {}
+        # the same for every program: made once (made per call, jaxlib kept ~50 bytes of
+        # every twentieth set of options for ever)
+        self._compile_options = self._xc.CompileOptions()
+        self._compile_options.device_assignment = self._xc.DeviceAssignment.create(np.array([[self.device.id]]))
+        self._compile_options.env_option_overrides = list(COMPILE_OVERRIDES.items())
+        self._avals: OrderedDict[tuple, Any] = OrderedDict()  # (shape, dtype) -> _Aval
         # id(executable) -> program name, for profiler spans; every executable is made by
         # compile or deserialize, which (re)write the entry, so a reused id is never stale
         self._names: dict[int, str] = {}
@@ -173,9 +179,11 @@ class Runtime:
         key = (shape, dtype)
         aval = self._avals.get(key)
         if aval is None:
-            if len(self._avals) > 4096:  # one per shape ever put: bounded like every cache
-                self._avals.clear()
             aval = self._avals[key] = _Aval(shape, dtype)
+            # one per array type ever put or made: bounded like every host-side cache (the
+            # limit read here, as BoundedCache does, so that tests can lower it)
+            while len(self._avals) > int(config.get("TORCHTPU_MAX_PROGRAMS")):
+                self._avals.popitem(last=False)
         return aval
 
     def put(self, array: np.ndarray) -> Buffer:
@@ -212,14 +220,11 @@ class Runtime:
     def compile(self, text: str, what: str) -> Executable:
         """Compile StableHLO ``text``; its HLO module is named after ``what`` (every module
         is written as ``@main``), which is how XLA's own profiler shows the program."""
-        opts = self._xc.CompileOptions()
-        opts.device_assignment = self._xc.DeviceAssignment.create(np.array([[self.device.id]]))
-        opts.env_option_overrides = list(COMPILE_OVERRIDES.items())
         name = program_name(what)
         if text.startswith(_MAIN_MODULE):
             text = f"module @{name} {text[len(_MAIN_MODULE) :]}"
         try:
-            exe = self.client.compile_and_load(text, self._device_list, opts)
+            exe = self.client.compile_and_load(text, self._device_list, self._compile_options)
         except Exception as e:  # noqa: BLE001 - JaxRuntimeError / ValueError from the MLIR parser
             raise TpuRuntimeError(
                 f"torchtpu: XLA could not compile the program for {what}: {str(e).strip()[:2000]}\n"
