@@ -52,7 +52,7 @@ ENV_VARS: dict[str, EnvVar] = {
             "TORCHTPU_MAX_PROGRAMS",
             "4096",
             "Entries kept in each host-side program cache (eager op programs, DeferAndFuse op specs and graphs, each "
-            "compiled graph's programs, device scalars, array types); least recently used dropped beyond it and rebuilt when needed.",
+            "compiled graph's programs, device scalars, the array types handed to PjRT); least recently used dropped beyond it and rebuilt when needed.",
         ),
         EnvVar("TORCHTPU_DUMP_DIR", "", "Directory to write each compiled program's StableHLO (and its FX graph) to."),
         EnvVar("TORCHTPU_DEFER_AND_FUSE", "0", "1: start in DeferAndFuse eager mode (record ops, run fused programs)."),
