@@ -259,11 +259,7 @@ def compile_for_group(text: str, ranks: Sequence[int], what: str) -> pjrt.Execut
     """Compile ``text`` in replica mode: replica ``i`` runs on global rank ``ranks[i]``."""
     rt = pjrt.get()
     devices = group_devices(ranks)
-    xc = rt._xc
-    opts = xc.CompileOptions()
-    opts.num_replicas, opts.num_partitions = len(devices), 1
-    opts.device_assignment = xc.DeviceAssignment.create(np.array([[d.id] for d in devices]))
-    opts.env_option_overrides = list(pjrt.COMPILE_OVERRIDES.items())
+    opts = rt.compile_options([d.id for d in devices])
     t0 = time.perf_counter()
     try:
         exe = rt.client.compile_and_load(text, rt._jax.DeviceList(tuple(devices)), opts)

@@ -149,9 +149,7 @@ class Runtime:
         self.has_lapack = self.platform == "cpu" and _register_lapack(xla_client)
         # the same for every program: made once (made per call, jaxlib kept ~50 bytes of
         # every twentieth set of options for ever)
-        self._compile_options = self._xc.CompileOptions()
-        self._compile_options.device_assignment = self._xc.DeviceAssignment.create(np.array([[self.device.id]]))
-        self._compile_options.env_option_overrides = list(COMPILE_OVERRIDES.items())
+        self._compile_options = self.compile_options([self.device.id])
         self._avals: OrderedDict[tuple, Any] = OrderedDict()  # (shape, dtype) -> _Aval
         # id(executable) -> program name, for profiler spans; every executable is made by
         # compile or deserialize, which (re)write the entry, so a reused id is never stale
@@ -217,6 +215,14 @@ class Runtime:
         return memoryview(raw).cast("B")
 
     # -- programs ----------------------------------------------------------------
+    def compile_options(self, device_ids: Sequence[int]) -> Any:
+        """XLA's options for a program run as one replica on each device of ``device_ids``."""
+        opts = self._xc.CompileOptions()
+        opts.num_replicas, opts.num_partitions = len(device_ids), 1
+        opts.device_assignment = self._xc.DeviceAssignment.create(np.array([[i] for i in device_ids]))
+        opts.env_option_overrides = list(COMPILE_OVERRIDES.items())
+        return opts
+
     def compile(self, text: str, what: str) -> Executable:
         """Compile StableHLO ``text``; its HLO module is named after ``what`` (every module
         is written as ``@main``), which is how XLA's own profiler shows the program."""
