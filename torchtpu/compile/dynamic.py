@@ -261,7 +261,10 @@ def _read(t: Any, dims: list[tuple[int, int]]) -> _Read:
     cell = _tpu_cell(t)
     twin = buckets.bucketed_twin(t) if cell is not None and buckets._TWINS else None
     if twin is not None:
-        t, cell = twin, twin.untyped_storage()._cell
+        # a twin is 1-d, its storage one row per element, its live rows those of ``t``
+        # (bucketed_twin): dim 0 walks them, and the storage's length is the bucket's
+        rows = twin.untyped_storage()._cell.numel
+        return _Read(twin, [rows if d == 0 else None for d, _ in dims])
     b = None if cell is None else buckets.bucket_of(cell)
     if b is None:
         return _Read(t, [None] * len(dims))
