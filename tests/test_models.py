@@ -50,13 +50,14 @@ def test_model_matches_cpu_under_defer_and_fuse(case):
     assert result.passed, result.failure()
 
 
-# the fast cases; every bug the compiled zoo found has a unit test of its own, far cheaper
-# than its model (each of these took 10-39 s of the default suite): gpt2's bool constant
-# (test_compile_host_tensors.py::test_bool_and_empty_tensor_constants_fold_into_the_program),
-# qwen3-moe's float32 grouped_mm (test_grouped_mm.py, compile mode), llama4's conjugate
-# saved for the backward (test_compile.py::test_complex_rope_gradients_with_the_conjugate_
-# saved_for_backward), LED's as_strided of a view (test_compile.py::test_as_strided_of_a_
-# view_addresses_the_storage) and BigBird's CPU input (test_compile_host_tensors.py).
+# the fast cases (gpt2 among them). Every bug the compiled zoo found beyond them has a unit
+# test of its own, far cheaper than its model (each model took 15-39 s of the default
+# suite): qwen3-moe's float32 grouped_mm (test_grouped_mm.py, compile mode), llama4's
+# conjugate saved for the backward (test_compile.py::test_complex_rope_gradients_with_the_
+# conjugate_saved_for_backward), LED's as_strided of a view (test_compile.py::test_as_
+# strided_of_a_view_addresses_the_storage) and BigBird's CPU input
+# (test_compile_host_tensors.py); gpt2's bool constant has one too
+# (test_compile_host_tensors.py::test_bool_and_empty_tensor_constants_fold_into_the_program).
 # make test-models-compile runs every case.
 COMPILE_CASES = [c for c in CASES if c.fast]
 
