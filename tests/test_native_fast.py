@@ -189,6 +189,78 @@ def test_a_tpu_storage_without_a_cell_is_explained() -> None:
         fx_lowering._collect([t], "test")
 
 
+def _built_key(args: list) -> tuple:
+    """The whole key ``fx_lowering._collect`` builds for ``args`` (no earlier key given)."""
+    return tuple(fx_lowering._collect(list(args), "test").key)
+
+
+def _same(args: list, key: tuple) -> bool:
+    call = fx_lowering._Call(list(args))
+    return storage._fast.same_graph_key(call.args, key, call.cells, call.slot_of) and key[-1] == fx_lowering.current_precision()
+
+
+def test_same_graph_key_says_true_exactly_when_the_built_key_is_equal() -> None:
+    """A compiled graph reuses its last key when ``same_graph_key`` says the arguments have
+    it: for each change of one argument, the answer must be whether the built key changed."""
+    base = torch.randn(6, 4, device=TPU)
+    ids = torch.arange(5, device=TPU)
+    args = [base, base[2:], base.t(), 7, True, None, ids, base[1:3, 1:], torch.ones((), device=TPU)]
+    key = _built_key(args)
+    assert _same(args, key)
+    same_geometry = [torch.randn(6, 4, device=TPU), None, None, 7, True, None, torch.arange(5, device=TPU), None, torch.zeros((), device=TPU)]
+    same_geometry[1], same_geometry[2], same_geometry[7] = same_geometry[0][2:], same_geometry[0].t(), same_geometry[0][1:3, 1:]
+    variants = {
+        "new storages, same geometry": same_geometry,
+        "another shape": [torch.randn(6, 5, device=TPU), *args[1:]],
+        "another dtype": [*args[:6], ids.int(), *args[7:]],
+        "another stride": [*args[:2], base.t().contiguous().t(), *args[3:]],
+        "another offset": [*args[:1], base[3:], *args[2:]],
+        "another int": [*args[:3], 8, *args[4:]],
+        "an int for a bool": [*args[:4], 1, *args[5:]],
+        "a tensor for None": [*args[:5], ids, *args[6:]],
+        "one storage less shared": [*args[:1], base.clone()[2:], *args[2:]],
+        "an unwritten storage": [*args[:8], torch.empty((), device=TPU)],
+        "a float": [*args[:3], 7.0, *args[4:]],
+        "a CPU tensor": [*args[:6], ids.cpu(), *args[7:]],
+        "fewer arguments": args[:-1],
+    }
+    for name, changed in variants.items():
+        if name == "a float" or name == "a CPU tensor":
+            assert not _same(changed, key), name  # built in Python: never the fast path's
+            continue
+        assert _same(changed, key) == (_built_key(changed) == key), name
+    with torch.tpu.precision("highest"):
+        assert not _same(args, key), "the precision is part of the key"
+
+
+def test_a_compiled_graph_reruns_its_last_program_when_the_geometry_repeats() -> None:
+    """The second call with the same geometry reuses the first call's key and program
+    (no new key built, hashed or compiled) and gives the same numbers as the CPU; a call
+    with another geometry builds its own."""
+    import torchtpu
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x @ y.t()).relu().sum(0)
+
+    compiled = torch.compile(f, backend="tpu", dynamic=False)
+    xs = [torch.randn(3, 4) for _ in range(3)]
+    y = torch.randn(5, 4)
+    before = torchtpu.metrics.snapshot()["compiles"]
+    for x in xs:
+        torch.testing.assert_close(compiled(x.to(TPU), y.to(TPU)).cpu(), f(x, y))
+    assert torchtpu.metrics.snapshot()["compiles"] - before == 1
+    graph = max(fx_lowering.GRAPHS, key=lambda g: g.token)
+    last = graph._last_key
+    compiled(xs[0].to(TPU), y.to(TPU))
+    assert graph._last_key is last, "the repeated geometry's key object is reused"
+    # a storage never written (Dynamo does not guard on it): the same graph, another key
+    unwritten = torch.empty(5, 4, device=TPU)
+    torch.testing.assert_close(compiled(xs[1].to(TPU), unwritten).cpu(), f(xs[1], torch.zeros(5, 4)))
+    assert graph._last_key != last and torchtpu.metrics.snapshot()["compiles"] - before == 2
+    torch.testing.assert_close(compiled(xs[2].to(TPU), y.to(TPU)).cpu(), f(xs[2], y))
+    assert torchtpu.metrics.snapshot()["compiles"] - before == 2, "back to the first program"
+
+
 def _eager_calls(ts: list) -> tuple:
     from torchtpu.eager import dispatch
 

@@ -54,7 +54,7 @@ from ..runner.precision import current as current_precision
 from ..runner.program import ProgramBuilder, StorageProgram, device_scalar, execute, write_back
 from ..runtime import pjrt
 from ..stablehlo.builder import Value
-from ..tensor.storage import Cell, cell_of, graph_key, input_buffers, new_tensor
+from ..tensor.storage import Cell, cell_of, graph_key, input_buffers, new_tensor, same_graph_key
 from .dynamic import mark_rows
 
 aten = torch.ops.aten
@@ -155,7 +155,15 @@ def _slot(call: _Call, t: torch.Tensor) -> int:
     return slot
 
 
-def _collect(args: list[Any], name: str) -> _Call:
+def _collect(args: list[Any], name: str, last_key: tuple | None = None) -> _Call:
+    """The call's storages, scalar operands and cache key. A step calls each graph with the
+    arguments' geometry of its last call: ``last_key`` (that call's key, a tuple) is then
+    this call's key, checked in C++ without building it (``same_graph_key``)."""
+    if last_key is not None and same_graph_key is not None:
+        call = _Call(args)
+        if same_graph_key(args, last_key, call.cells, call.slot_of) and last_key[-1] == current_precision():
+            call.key = last_key
+            return call
     call = _Call(args)
     # every argument a plain tpu tensor, an int or None: _collect_args's loop, in C++
     if graph_key is None or not graph_key(args, call.key, call.cells, call.slot_of):
@@ -498,7 +506,8 @@ class CompiledGraph:
         self.programs = BoundedCache(f"programs of compiled graph {name}")
         self.recorded = BoundedCache(f"recorded calls of compiled graph {name}")  # key -> _RecordSpec
         self.token = next(_tokens)  # names this graph in DeferAndFuse's graph keys (ids are reused)
-        self._last_key: tuple | None = None
+        self._last_key: tuple | None = None  # the last run call's key and program
+        self._last_program: Program | None = None
         self.compile_id: str | None = None  # Dynamo's id of the frame compile that made this graph ("0/1")
         nodes = list(gm.graph.nodes)
         self.placeholders = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
@@ -515,13 +524,15 @@ class CompiledGraph:
         if self.plan is not None:
             unpadded = args_l
             lengths, args_l = self.plan.pad(args_l)
-        call = _collect(args_l, self.name)
+        # bounded dynamism adds the lengths as operands: its keys are built
+        call = _collect(args_l, self.name, self._last_key if lengths is None else None)
         if lengths is not None:
             call.scalars.extend(device_scalar(n, int, np.int32) for n in lengths)
-        key = tuple(call.key)
+        key = call.key if call.key is self._last_key else tuple(call.key)
         if lengths is None and self.replicas is None and not call.stand_ins and not self.host_outputs and deferred.deferring():
             return self._record(key, call)
-        prog = self.programs.get(key)
+        # the last call's program without hashing its key again (a step's graphs repeat)
+        prog = self._last_program if key is self._last_key else self.programs.get(key)
         if prog is None:
             self._explain_new(key)
             prog = self._build(call)
@@ -530,7 +541,7 @@ class CompiledGraph:
             self.programs[key] = prog
         else:
             metrics.add("cache_hits")
-        self._last_key = key
+        self._last_key, self._last_program = key, prog
         results = self._run(prog, call)
         if lengths is not None:
             results = self._unpad(prog, results, lengths, unpadded)

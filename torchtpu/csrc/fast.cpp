@@ -12,6 +12,9 @@
 //       the cache key entries of a compiled graph's arguments (torchtpu/compile/
 //       fx_lowering.py ``_collect``) when every argument is a plain tpu tensor, an int or
 //       None; False (nothing usable appended) for anything else, which Python handles;
+//   same_graph_key(args, key, cells, slot_of)
+//       whether those arguments have an earlier call's whole key (but its precision), checked
+//       without building it: a training step calls each graph with the same geometry;
 //   eager_keys(tensors, cells, slot_of, seen, runtime_offset, offsets)
 //       the same for an eager op's tensor arguments (torchtpu/eager/dispatch.py
 //       ``_Call.tensor``), whose entries also normalize size-1 strides and make a nonzero
@@ -290,6 +293,86 @@ PyObject* graph_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   Py_RETURN_TRUE;
+}
+
+// Whether ``entry`` (a key's int tuple) holds exactly ``values``.
+bool same_ints(PyObject* entry, c10::IntArrayRef values) {
+  if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != static_cast<Py_ssize_t>(values.size())) return false;
+  for (size_t i = 0; i < values.size(); ++i) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(entry, static_cast<Py_ssize_t>(i)), &overflow);
+    if (overflow || v != values[i]) return false;
+  }
+  return true;
+}
+
+// Whether plain tpu tensor ``arg`` has the key entry ``entry`` (graph_entry's (slot, dtype,
+// sizes, strides, offset)), its cell given its slot in ``cells``/``slot_of`` on the way;
+// -1 on a Python error.
+int same_graph_entry(PyObject* arg, PyObject* entry, PyObject* cells, PyObject* slot_of) {
+  const at::Tensor& t = THPVariable_Unpack(arg);
+  if (!on_device(t) || t.is_neg() || t.is_conj() || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 5) return 0;
+  if (PyTuple_GET_ITEM(entry, 1) != reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()))) return 0;
+  if (!same_ints(PyTuple_GET_ITEM(entry, 2), t.sizes()) || !same_ints(PyTuple_GET_ITEM(entry, 3), t.strides())) return 0;
+  if (PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 4)) != t.storage_offset()) return PyErr_Occurred() ? -1 : 0;
+  PyObject* slot = cell_slot(t, cells, slot_of);
+  if (!slot) return PyErr_Occurred() ? -1 : 0;
+  int same = PyObject_RichCompareBool(slot, PyTuple_GET_ITEM(entry, 0), Py_EQ);
+  Py_DECREF(slot);
+  return same;
+}
+
+PyObject* cell_entry(PyObject* cell);  // below, with collect_call
+
+// Whether the (buffer shape, dtype, initialized) of every cell in ``cells`` is ``entries``'s.
+int same_cell_entries(PyObject* cells, PyObject* entries) {
+  if (!PyTuple_Check(entries) || PyTuple_GET_SIZE(entries) != PyList_GET_SIZE(cells)) return 0;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(cells); ++i) {
+    PyObject* want = PyTuple_GET_ITEM(entries, i);
+    PyObject* have = cell_entry(PyList_GET_ITEM(cells, i));
+    if (!have) return -1;
+    int same = PyObject_RichCompareBool(have, want, Py_EQ);
+    Py_DECREF(have);
+    if (same != 1) return same;
+  }
+  return 1;
+}
+
+// same_graph_key(args, key, cells, slot_of): whether a compiled graph's arguments ``args``
+// have the cache key ``key`` (a whole earlier key: graph_key's entries, the cells' entries,
+// the precision, which the caller compares) -- what graph_key and the cells' part would build,
+// checked without building it. Fills ``cells``/``slot_of`` on the way; False (they may then
+// hold part of the storages) for any difference, or an argument graph_key leaves to Python.
+PyObject* same_graph_key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4 || !PyList_Check(args[0]) || !PyTuple_Check(args[1]) || !PyList_Check(args[2]) || !PyDict_Check(args[3])) {
+    PyErr_SetString(PyExc_TypeError, "same_graph_key(args: list, key: tuple, cells: list, slot_of: dict)");
+    return nullptr;
+  }
+  PyObject *values = args[0], *key = args[1], *cells = args[2], *slot_of = args[3];
+  Py_ssize_t n = PyList_GET_SIZE(values);
+  if (PyTuple_GET_SIZE(key) != n + 2) Py_RETURN_FALSE;
+  try {
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject *a = PyList_GET_ITEM(values, i), *entry = PyTuple_GET_ITEM(key, i);
+      int same;
+      if (THPVariable_Check(a)) {
+        same = same_graph_entry(a, entry, cells, slot_of);
+      } else if (PyLong_Check(a)) {  // ("i", int(a))
+        same = PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 2 ? PyObject_RichCompareBool(PyTuple_GET_ITEM(entry, 1), a, Py_EQ) : 0;
+        if (same == 1 && !PyUnicode_Check(PyTuple_GET_ITEM(entry, 0))) same = 0;
+      } else {
+        same = a == Py_None && entry == Py_None;
+      }
+      if (same < 0) return nullptr;
+      if (!same) Py_RETURN_FALSE;
+    }
+    int same = same_cell_entries(cells, PyTuple_GET_ITEM(key, n));
+    if (same < 0) return nullptr;
+    return PyBool_FromLong(same);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
 }
 
 // The key entries of an eager op's tensor arguments ``items`` (a list or tuple; None items
@@ -710,6 +793,9 @@ PyMethodDef methods[] = {
     {"graph_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(graph_key)), METH_FASTCALL,
      "graph_key(args, key, cells, slot_of): append the key entries of a compiled graph's arguments; "
      "False when one is not a plain tpu tensor, an int or None."},
+    {"same_graph_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(same_graph_key)), METH_FASTCALL,
+     "same_graph_key(args, key, cells, slot_of): whether a compiled graph's arguments have the cache key key "
+     "(but its precision), found without building it."},
     {"eager_keys", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(eager_keys)), METH_FASTCALL,
      "eager_keys(tensors, cells, slot_of, seen, runtime_offset, offsets): an eager op's key entries of tensors "
      "(a tuple), or None where one needs Python."},

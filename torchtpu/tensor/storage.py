@@ -138,6 +138,9 @@ new_tensor = _py_new_tensor if _fast is None else _fast.new_tensor
 # all are plain tpu tensors, ints or None (compile/fx_lowering.py ``_collect``, whose loop
 # does the same in Python); None where the fast paths were not built
 graph_key = None if _fast is None else _fast.graph_key
+# same_graph_key(args, key, cells, slot_of): whether those arguments have an earlier call's
+# whole key, checked without building it (None where not built: the key is built instead)
+same_graph_key = None if _fast is None else _fast.same_graph_key
 # eager_keys(tensors, cells, slot_of, seen, runtime_offset, offsets): an eager op's key
 # entries of its tensor arguments (eager/dispatch.py ``_Call._tensor``, in C++), or None
 eager_keys = None if _fast is None else _fast.eager_keys
