@@ -322,17 +322,28 @@ int same_graph_entry(PyObject* arg, PyObject* entry, PyObject* cells, PyObject* 
   return same;
 }
 
-PyObject* cell_entry(PyObject* cell);  // below, with collect_call
-
 // Whether the (buffer shape, dtype, initialized) of every cell in ``cells`` is ``entries``'s.
 int same_cell_entries(PyObject* cells, PyObject* entries) {
   if (!PyTuple_Check(entries) || PyTuple_GET_SIZE(entries) != PyList_GET_SIZE(cells)) return 0;
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(cells); ++i) {
-    PyObject* want = PyTuple_GET_ITEM(entries, i);
-    PyObject* have = cell_entry(PyList_GET_ITEM(cells, i));
-    if (!have) return -1;
-    int same = PyObject_RichCompareBool(have, want, Py_EQ);
-    Py_DECREF(have);
+    // cell_entry's (shape, dtype, initialized), compared field by field: no tuple built
+    PyObject *want = PyTuple_GET_ITEM(entries, i), *cell = PyList_GET_ITEM(cells, i);
+    if (!PyTuple_Check(want) || PyTuple_GET_SIZE(want) != 3) return 0;
+    PyObject* dtype = PyObject_GetAttr(cell, kDtype);
+    if (!dtype) return -1;
+    Py_DECREF(dtype);  // a torch.dtype: a singleton, compared by identity as the tuple compares it first
+    if (dtype != PyTuple_GET_ITEM(want, 1)) return 0;
+    PyObject* buf = PyObject_GetAttr(cell, kBuf);
+    PyObject* lazy = buf ? PyObject_GetAttr(cell, kLazy) : nullptr;
+    bool initialized = buf != Py_None || lazy != Py_None;
+    Py_XDECREF(buf);
+    if (!lazy) return -1;
+    Py_DECREF(lazy);
+    if (PyTuple_GET_ITEM(want, 2) != (initialized ? Py_True : Py_False)) return 0;
+    PyObject* shape = PyObject_GetAttr(cell, kShape);
+    if (!shape) return -1;
+    int same = PyObject_RichCompareBool(shape, PyTuple_GET_ITEM(want, 0), Py_EQ);
+    Py_DECREF(shape);
     if (same != 1) return same;
   }
   return 1;
