@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(PY) examples/train_mlp.py
 
 # The default suite, in one worker process per core (pytest-xdist): 14-15 minutes on CI's
-# 2 cores (842-926 s measured; its budget is 15), more in one process. TEST_JOBS=0 runs it
+# 2 cores (842-933 s measured; its budget is 15), more in one process. TEST_JOBS=0 runs it
 # in this process. pytest's exit code 5 ("no tests collected") is turned into a failure.
 TEST_JOBS ?= auto
 test: $(STAMP)

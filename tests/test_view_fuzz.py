@@ -76,17 +76,24 @@ def _check(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
         torch.testing.assert_close(g.detach().cpu(), w.detach(), rtol=1e-4, atol=1e-5)
 
 
+# make test runs the first 20 programs of each fuzz, the long suite all 40 (the default
+# suite was at its 15-minute budget; these two tests took 46 s of CPU there)
+SEEDS = [range(20), pytest.param(range(20, 40), marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("seeds", SEEDS, ids=["0-19", "20-39"])
 @pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
-def test_views_and_writes(mode: str) -> None:
-    for seed in range(40):
+def test_views_and_writes(mode: str, seeds: range) -> None:
+    for seed in seeds:
         want = _program(seed)(_base())
         with torchtpu.eager_mode(mode):
             got = _program(seed)(_base().to("tpu"))
         _check(got, want)
 
 
+@pytest.mark.parametrize("seeds", SEEDS, ids=["0-19", "20-39"])
 @pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
-def test_views_and_writes_with_autograd(mode: str) -> None:
+def test_views_and_writes_with_autograd(mode: str, seeds: range) -> None:
     """Writes through views of a non-leaf: autograd's CopySlices rebuilds the base."""
 
     def grads(seed: int, device: str) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -98,7 +105,7 @@ def test_views_and_writes_with_autograd(mode: str) -> None:
         return kept, leaf.grad
 
     compared = 0
-    for seed in range(40):
+    for seed in seeds:
         try:
             want, want_grad = grads(seed, "cpu")
         except RuntimeError as e:  # a value the backward needs was overwritten: tpu must say so too
@@ -111,7 +118,7 @@ def test_views_and_writes_with_autograd(mode: str) -> None:
         _check(got, want)
         torch.testing.assert_close(got_grad.cpu(), want_grad, rtol=1e-4, atol=1e-5)
         compared += 1
-    assert compared >= 20
+    assert compared >= 15  # of 20 programs: 16 and 19 have a backward on the CPU
 
 
 def test_views_and_writes_compiled() -> None:
