@@ -322,6 +322,17 @@ int same_graph_entry(PyObject* arg, PyObject* entry, PyObject* cells, PyObject* 
   return same;
 }
 
+// Cell.initialized: whether ``cell`` holds a buffer or a pending graph will write one (1 or
+// 0); -1 on a Python error.
+int cell_initialized(PyObject* cell) {
+  PyObject* buf = PyObject_GetAttr(cell, kBuf);
+  PyObject* lazy = buf ? PyObject_GetAttr(cell, kLazy) : nullptr;
+  int initialized = lazy ? (buf != Py_None || lazy != Py_None) : -1;
+  Py_XDECREF(buf);
+  Py_XDECREF(lazy);
+  return initialized;
+}
+
 // Whether the (buffer shape, dtype, initialized) of every cell in ``cells`` is ``entries``'s.
 int same_cell_entries(PyObject* cells, PyObject* entries) {
   if (!PyTuple_Check(entries) || PyTuple_GET_SIZE(entries) != PyList_GET_SIZE(cells)) return 0;
@@ -333,12 +344,8 @@ int same_cell_entries(PyObject* cells, PyObject* entries) {
     if (!dtype) return -1;
     Py_DECREF(dtype);  // a torch.dtype: a singleton, compared by identity as the tuple compares it first
     if (dtype != PyTuple_GET_ITEM(want, 1)) return 0;
-    PyObject* buf = PyObject_GetAttr(cell, kBuf);
-    PyObject* lazy = buf ? PyObject_GetAttr(cell, kLazy) : nullptr;
-    bool initialized = buf != Py_None || lazy != Py_None;
-    Py_XDECREF(buf);
-    if (!lazy) return -1;
-    Py_DECREF(lazy);
+    int initialized = cell_initialized(cell);
+    if (initialized < 0) return -1;
     if (PyTuple_GET_ITEM(want, 2) != (initialized ? Py_True : Py_False)) return 0;
     PyObject* shape = PyObject_GetAttr(cell, kShape);
     if (!shape) return -1;
@@ -548,17 +555,13 @@ bool holds_a_tensor(PyObject* v) {
 PyObject* cell_entry(PyObject* cell) {
   PyObject* shape = PyObject_GetAttr(cell, kShape);
   PyObject* dtype = shape ? PyObject_GetAttr(cell, kDtype) : nullptr;
-  PyObject* buf = dtype ? PyObject_GetAttr(cell, kBuf) : nullptr;
-  PyObject* lazy = buf ? PyObject_GetAttr(cell, kLazy) : nullptr;
-  PyObject* out = nullptr;
-  if (lazy) out = Py_BuildValue("(NNO)", shape, dtype, (buf != Py_None || lazy != Py_None) ? Py_True : Py_False);
-  else {
+  int initialized = dtype ? cell_initialized(cell) : -1;
+  if (initialized < 0) {
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
+    return nullptr;
   }
-  Py_XDECREF(buf);
-  Py_XDECREF(lazy);
-  return out;
+  return Py_BuildValue("(NNO)", shape, dtype, initialized ? Py_True : Py_False);
 }
 
 // One argument's key entry; nullptr without a Python error where Python must collect.
