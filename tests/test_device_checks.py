@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -499,3 +500,21 @@ def test_as_strided_scatter_out_of_bounds_is_refused():
         torch.as_strided_scatter(x, src, (2, 2), (200, 200))
     with pytest.raises(RuntimeError, match="out of bounds for storage of size 64"):
         torch.as_strided_scatter(x.to("tpu"), src.to("tpu"), (2, 2), (200, 200))
+
+
+def test_a_recorded_source_line_reads_as_the_line_python_reports() -> None:
+    """A check keeps the user's frame as (code, instruction) and looks its line up only when
+    a message shows it: the text must be the ``file:line`` of ``f_lineno``."""
+    f = sys._getframe(0)
+    site, expected = checks.SourceLine(f.f_code, f.f_lasti), f"{f.f_code.co_filename}:{f.f_lineno}"
+    assert str(site) == expected
+    assert f"at {site}." == f"at {expected}."
+
+
+def test_user_source_line_passes_over_library_frames_and_the_ones_skipped() -> None:
+    def library_caller() -> Any:  # stands for dispatch.run: skipped without a look
+        return checks.user_source_line(skip=1)
+
+    line = sys._getframe(0).f_lineno + 1
+    site = library_caller()
+    assert str(site) == f"{__file__}:{line}"

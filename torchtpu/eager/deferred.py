@@ -259,7 +259,7 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple, generator: to
     if padded is not None:
         node.padded_key = padded.key
     if spec.checked:
-        node.where = checks.user_source_line()
+        node.where = checks.user_source_line(skip=2)  # past this frame and dispatch.run's
     g.operands.extend(call.scalars)
     if plan.random:
         g.operands.append(rng.next_state_buffer(generator))

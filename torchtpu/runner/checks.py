@@ -61,23 +61,61 @@ class Flag(NamedTuple):
     span: tuple[int, int] | None = None
 
 
-_pending: list[tuple[Flag, str, str, str]] = []  # (flag, op, message, source line)
+_pending: list[tuple[Flag, str, str, SourceLine | str]] = []  # (flag, op, message, source line)
 _lock = threading.Lock()
 _LIB_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (os.path.dirname(os.path.dirname(__file__)) + os.sep,)
 
 
-def user_source_line() -> str:
-    """``file:line`` of the innermost frame outside torch and torchtpu."""
-    f = sys._getframe(1)
+class SourceLine:
+    """Where user code called an op: the frame's code and instruction, formatted as
+    ``file:line`` only when a message shows it. Looking the line up costs ~1-2 us, paid
+    on every recorded op whose program checks something (``nll_loss``, ``gather``...)
+    where almost none ever fails."""
+
+    __slots__ = ("code", "lasti")
+
+    def __init__(self, code: Any, lasti: int) -> None:
+        self.code = code
+        self.lasti = lasti  # bytes into co_code, as f_lasti and co_lines() count them
+
+    def __str__(self) -> str:
+        line = next((n for start, end, n in self.code.co_lines() if start <= self.lasti < end and n is not None), None)
+        return f"{self.code.co_filename}:{self.code.co_firstlineno if line is None else line}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+_LIBRARY_FILES: dict[str, bool] = {}  # file name -> inside torch or torchtpu (asked per frame walked)
+
+
+def _is_library(filename: str) -> bool:
+    lib = _LIBRARY_FILES.get(filename)
+    if lib is None:
+        if len(_LIBRARY_FILES) > 4096:  # generated code (Dynamo's "<eval_with_key>.N") names new files
+            _LIBRARY_FILES.clear()
+        lib = _LIBRARY_FILES[filename] = filename.startswith(_LIB_DIRS) or filename.startswith("<frozen")
+    return lib
+
+
+def user_source_line(skip: int = 0) -> SourceLine | str:
+    """The innermost frame outside torch and torchtpu, as ``file:line`` (a :class:`SourceLine`).
+    ``skip``: how many frames above the caller are torchtpu's for sure, passed over without
+    being looked at (Python makes a frame object for every frame it hands out, ~1 us each
+    inside a recorded op)."""
+    try:
+        f = sys._getframe(1 + skip)
+    except ValueError:  # a shallower stack than the caller said
+        f = sys._getframe(1)
     while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith(_LIB_DIRS) and not name.startswith("<frozen"):
-            return f"{name}:{f.f_lineno}"
+        code = f.f_code
+        if not _is_library(code.co_filename):
+            return SourceLine(code, f.f_lasti)
         f = f.f_back
     return "<unknown>"
 
 
-def add(flags: list[Flag], op: str, messages: list[str], where: str) -> None:
+def add(flags: list[Flag], op: str, messages: list[str], where: SourceLine | str) -> None:
     with _lock:
         for flag, msg in zip(flags, messages):
             _pending.append((flag, op, msg, where))
@@ -114,7 +152,7 @@ def raise_pending(blocking: bool = False) -> None:
             raise _error(op, msg, [int(v) for v in values[1:]], where, blocking)
 
 
-def _error(op: str, msg: str, values: list[int], where: str, blocking: bool) -> TpuAsyncError:
+def _error(op: str, msg: str, values: list[int], where: SourceLine | str, blocking: bool) -> TpuAsyncError:
     if not isinstance(msg, CheckMessage):
         msg = CheckMessage(msg)
     hint = (

@@ -199,10 +199,10 @@ def execute(program: StorageProgram, inputs: list[Any], blame: str | Sequence[Bl
         bufs, outs = outs[-n:], outs[:-n]
         flags = [checks.Flag(bufs[0], span) for span in spans] if spans else [checks.Flag(buf) for buf in bufs]
         if isinstance(blame, str):
-            checks.add(flags, blame, messages, checks.user_source_line())
+            checks.add(flags, blame, messages, checks.user_source_line(skip=1))
         else:
             for flag, message, who in zip(flags, messages, blame):
-                checks.add([flag], who.op, [message], who.where or checks.user_source_line())
+                checks.add([flag], who.op, [message], who.where or checks.user_source_line(skip=1))
     track(outs, done)
     return outs
 
