@@ -45,6 +45,41 @@ def test_adapter_smoke():
     assert rt.to_numpy(again).tolist() == [0.0, 2.0, 4.0, 6.0]
 
 
+@pytest.mark.parametrize(
+    "dtype", ["float32", "float64", "int64", "int8", "uint8", "bool", "float16", "bfloat16", "complex64", "float8_e4m3fn"]
+)
+def test_to_numpy_reads_every_dtype_as_a_read_only_array(dtype: str) -> None:
+    """On the cpu platform to_numpy reads a buffer's memory through the buffer protocol;
+    a format numpy has none for (bfloat16, float8) takes the conversion. Either way: the
+    values put, the dtype and shape, and an array nobody may write (programs read it)."""
+    import ml_dtypes
+    import numpy as np
+
+    from torchtpu.runtime import pjrt
+
+    rt = pjrt.get()
+    np_dtype = np.dtype(getattr(ml_dtypes, dtype, None) or dtype)
+    if np_dtype == np.float64 and not rt.supports_f64:
+        pytest.skip("no float64 on this platform")
+    host = (np.arange(12) % 3).astype(np_dtype).reshape(3, 4)
+    got = rt.to_numpy(rt.put(host))
+    assert got.dtype == np_dtype and got.shape == (3, 4)
+    assert got.tobytes() == host.tobytes()
+    assert not got.flags.writeable
+
+
+def test_to_numpy_waits_for_a_result_still_being_computed() -> None:
+    x = torch.randn(1500, 1500)
+    y = x.to("tpu")
+    out = (y @ y).abs().sum()  # enqueued: its buffer is not ready yet
+    from torchtpu.runtime import pjrt
+    from torchtpu.tensor.storage import cell_of
+
+    got = float(pjrt.get().to_numpy(cell_of(out).buf).reshape(-1)[0])
+    expected = float((x @ x).abs().sum())
+    assert got == pytest.approx(expected, rel=1e-4)
+
+
 def test_claim_waits_for_readers_and_keeps_the_memory():
     """runner.program.claim: the storage's buffer becomes its own only after the programs
     already reading the old one ran (they see the old value), and on the cpu platform it is
