@@ -224,13 +224,13 @@ class BoundedPlan:
         else through the host; SymInts become buckets."""
         out = list(args)
         for i, dims in self.tensor_dims.items():
-            t, rows = reads[i]
+            t, rows, full = reads[i]
             pads = [(0, 0)] * t.dim()
             for d, s in dims:
                 pads[d] = (0, buckets[s] - t.shape[d])
             if len(dims) == 1 and rows[0] == buckets[dims[0][1]]:
                 d = dims[0][0]
-                out[i] = t.as_strided(t.shape[:d] + (rows[0],) + t.shape[d + 1 :], t.stride(), t.storage_offset())
+                out[i] = full if full is not None else t.as_strided(t.shape[:d] + (rows[0],) + t.shape[d + 1 :], t.stride(), t.storage_offset())
             elif any(p[1] for p in pads) or not _own_storage(t):
                 out[i] = _pad_host(t, pads)
         for i, s in self.int_inputs.items():
@@ -250,6 +250,7 @@ class _Read(NamedTuple):
 
     tensor: Any  # the input, or the bucketed twin of its uploaded ids
     rows: list[int | None]  # per dynamic dim (tensor_dims order): its eager-bucketed storage's rows (_read)
+    full: Any = None  # the twin at its storage's full rows: the input as a graph padded to them reads it
 
 
 def _read(t: Any, dims: list[tuple[int, int]]) -> _Read:
@@ -259,12 +260,13 @@ def _read(t: Any, dims: list[tuple[int, int]]) -> _Read:
     rows of the eager-bucketed storage it reads when that dim walks the storage's live
     rows (else None). One pass per input: its storage is looked up once."""
     cell = _tpu_cell(t)
-    twin = buckets.bucketed_twin(t) if cell is not None and buckets._TWINS else None
+    twin = buckets.bucketed_twin(t, cell) if cell is not None and buckets._TWINS else None
     if twin is not None:
         # a twin is 1-d, its storage one row per element, its live rows those of ``t``
         # (bucketed_twin): dim 0 walks them, and the storage's length is the bucket's
-        rows = twin.untyped_storage()._cell.numel
-        return _Read(twin, [rows if d == 0 else None for d, _ in dims])
+        full = twin.full_tensor()
+        rows = full.shape[0]
+        return _Read(twin.tensor(), [rows if d == 0 else None for d, _ in dims], full)
     b = None if cell is None else buckets.bucket_of(cell)
     if b is None:
         return _Read(t, [None] * len(dims))

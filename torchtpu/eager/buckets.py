@@ -187,7 +187,7 @@ class _Twin:
     and valid while the storage still holds the buffer it was uploaded with (XLA buffers
     are immutable: any write replaces it)."""
 
-    __slots__ = ("buf", "host", "n", "dtype", "to_device", "twin")
+    __slots__ = ("buf", "host", "n", "dtype", "to_device", "twin", "full")
 
     def __init__(self, buf: Any, host: np.ndarray, n: int, dtype: torch.dtype, to_device: Any) -> None:
         # weakly: a second reference would make the storage's buffer look shared, and an
@@ -198,11 +198,20 @@ class _Twin:
         self.dtype = dtype
         self.to_device = to_device
         self.twin: torch.Tensor | None = None
+        self.full: torch.Tensor | None = None  # the twin at its storage's full rows (padded_twin)
 
     def tensor(self) -> torch.Tensor | None:
         if self.host is not None:
             self.twin, self.host = upload_padded(self.host, self.n, self.dtype, self.to_device), None
         return self.twin
+
+    def full_tensor(self) -> torch.Tensor:
+        """The twin's whole storage as one 1-d tensor: what a bucketed graph reads."""
+        if self.full is None:
+            twin = self.tensor()
+            cell = twin.untyped_storage()._cell
+            self.full = new_tensor(cell, (cell.numel,), (1,), 0, self.dtype)
+        return self.full
 
 
 _TWINS: dict[int, tuple[weakref.ref, _Twin]] = {}
@@ -235,16 +244,18 @@ def add_twin(t: torch.Tensor, host: np.ndarray, to_device: Any) -> None:
     _TWINS[key] = (weakref.ref(cell, lambda _: _TWINS.pop(key, None)), twin)
 
 
-def _valid_twin(t: Any) -> _Twin | None:
-    """The twin of ``t``'s storage, or None: no twin, or the storage was written since (its
-    buffer replaced, or a pending DeferAndFuse write), or ``t`` reads it as another dtype
-    (a uint8 storage viewed as bool means other elements than the twin holds)."""
-    if not isinstance(t, torch.Tensor):
-        return None
-    try:  # the twins' lookup first: asked of every tensor argument while any twin lives
-        cell = t.untyped_storage()._cell
-    except AttributeError:  # not a tpu tensor
-        return None
+def _valid_twin(t: Any, cell: Cell | None = None) -> _Twin | None:
+    """The twin of ``t``'s storage (``cell``, where the caller has it), or None: no twin, or
+    the storage was written since (its buffer replaced, or a pending DeferAndFuse write),
+    or ``t`` reads it as another dtype (a uint8 storage viewed as bool means other
+    elements than the twin holds)."""
+    if cell is None:
+        if not isinstance(t, torch.Tensor):
+            return None
+        try:  # the twins' lookup first: asked of every tensor argument while any twin lives
+            cell = t.untyped_storage()._cell
+        except AttributeError:  # not a tpu tensor
+            return None
     entry = _TWINS.get(id(cell))
     if entry is None or cell.lazy is not None or t.dtype != cell.dtype:
         return None
@@ -256,14 +267,19 @@ def _valid_twin(t: Any) -> _Twin | None:
     return entry[1]
 
 
-def bucketed_twin(t: Any) -> torch.Tensor | None:
-    """The bucketed twin of ``t`` -- an uploaded 1-d tensor, the whole of its storage --
-    or None: the same values in an eager-bucketed storage with spare rows after them
-    (uploaded now if no padded op has read it yet)."""
-    entry = _valid_twin(t)
-    if entry is None or t.dim() != 1 or t.storage_offset() or t.stride(0) != 1 or t.shape[0] != t.untyped_storage()._cell.numel:
+def bucketed_twin(t: Any, cell: Cell | None = None) -> _Twin | None:
+    """The bucketed twin of ``t`` -- an uploaded 1-d tensor, the whole of its storage
+    (``cell``, where the caller has it) -- or None: the same values in an eager-bucketed
+    storage with spare rows after them (``_Twin.tensor`` uploads it if no padded op has
+    read it yet)."""
+    if cell is None:
+        cell = getattr(t.untyped_storage(), "_cell", None) if isinstance(t, torch.Tensor) else None
+        if cell is None:
+            return None
+    entry = _valid_twin(t, cell)
+    if entry is None or t.dim() != 1 or t.storage_offset() or t.stride(0) != 1 or t.shape[0] != cell.numel:
         return None
-    return entry.tensor()
+    return entry
 
 
 def _twin_view(t: torch.Tensor) -> torch.Tensor | None:
