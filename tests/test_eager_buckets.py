@@ -90,6 +90,11 @@ def test_a_twin_holds_the_values_of_the_upload(dtype: torch.dtype, fresh_upload_
     assert torch.equal(twin.cpu(), expected) and torch.equal(d.cpu(), expected)
     storage = twin.as_strided((512,), (1,), 0).cpu()
     assert torch.equal(storage[:11], expected) and not storage[11:].any()
+    # what a bucketed graph reads (compile/dynamic.py): the same storage at its full rows, one tensor per twin
+    entry = buckets.bucketed_twin(d)
+    full = entry.full_tensor()
+    assert full is entry.full_tensor() and full.shape == (512,) and full.untyped_storage()._cell is twin.untyped_storage()._cell
+    assert torch.equal(full.cpu(), storage)
 
 
 def test_a_written_upload_drops_its_twin(mode: str, fresh_upload_history: None) -> None:
