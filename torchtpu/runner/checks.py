@@ -61,7 +61,16 @@ class Flag(NamedTuple):
     span: tuple[int, int] | None = None
 
 
-_pending: list[tuple[Flag, str, str, SourceLine | str]] = []  # (flag, op, message, source line)
+class _Added(NamedTuple):
+    """The checks one execution reported (``add``): read together at the next wait."""
+
+    flags: list[Flag]
+    op: str
+    messages: list[str]
+    where: SourceLine | str
+
+
+_pending: list[_Added] = []
 _lock = threading.Lock()
 _LIB_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,)) + (os.path.dirname(os.path.dirname(__file__)) + os.sep,)
 
@@ -117,8 +126,7 @@ def user_source_line(skip: int = 0) -> SourceLine | str:
 
 def add(flags: list[Flag], op: str, messages: list[str], where: SourceLine | str) -> None:
     with _lock:
-        for flag, msg in zip(flags, messages):
-            _pending.append((flag, op, msg, where))
+        _pending.append(_Added(flags, op, messages, where))
 
 
 def clear() -> None:
@@ -142,22 +150,25 @@ def raise_pending(blocking: bool = False) -> None:
         _pending.clear()
     rt = pjrt.get()
     # a program's packed flags are read once; a buffer of zeros holds no failure (a flag
-    # and its values are all 0 unless its check failed), and its flags are passed over
-    # without a look each: DLRM's step has 26 in two buffers
+    # and its values are all 0 unless its check failed): an execution whose flags are
+    # packed in one is passed over whole (DLRM's compiled step: 26 flags, two buffers)
     read: dict[int, np.ndarray | None] = {}
-    for flag, op, msg, where in items:
-        key = id(flag.buf)
-        if key in read:
-            values = read[key]
-        else:
-            values = np.asarray(rt.to_numpy(flag.buf)).reshape(-1)
-            values = read[key] = values if values.any() else None
-        if values is None:
-            continue
-        if flag.span is not None:
-            values = values[flag.span[0] : flag.span[1]]
-        if values[0]:  # [bad] or [bad, values...] (L.check)
-            raise _error(op, msg, [int(v) for v in values[1:]], where, blocking)
+    for flags, op, messages, where in items:
+        for flag, msg in zip(flags, messages):
+            key = id(flag.buf)
+            if key in read:
+                values = read[key]
+            else:
+                values = np.asarray(rt.to_numpy(flag.buf)).reshape(-1)
+                values = read[key] = values if values.any() else None
+            if values is None:
+                if flag.span is not None:  # packed: every flag of this execution is in that buffer
+                    break
+                continue
+            if flag.span is not None:
+                values = values[flag.span[0] : flag.span[1]]
+            if values[0]:  # [bad] or [bad, values...] (L.check)
+                raise _error(op, msg, [int(v) for v in values[1:]], where, blocking)
 
 
 def _error(op: str, msg: str, values: list[int], where: SourceLine | str, blocking: bool) -> TpuAsyncError:
