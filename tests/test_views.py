@@ -292,3 +292,37 @@ def test_unsafe_view_shares_storage_so_kron_out_writes_through():
     for out in (torch.empty(0).to(TPU), torch.empty(8, 15).to(TPU)):
         torch.kron(a.to(TPU), b.to(TPU), out=out)  # kron_out multiplies into an _unsafe_view of out
         assert_close(out, torch.kron(a, b))
+
+
+# -- reading views back (.cpu(), .item()) -------------------------------------------------------------------
+READ_BACK = {
+    "whole": lambda a: a,
+    "transposed": lambda a: a.transpose(0, 2),
+    "sliced_strided": lambda a: a[1:, ::2, 3],
+    "selected": lambda a: a[:, 2],
+    "one_element": lambda a: a[4, 5, 6],
+    "empty": lambda a: a[0:0],
+    "empty_at_the_end": lambda a: a.flatten()[210:],
+    "last_element": lambda a: a.flatten()[-1:],
+    "expanded": lambda a: a[:1].expand(3, 6, 7),
+    "permuted_slice": lambda a: a.permute(2, 0, 1)[1:],
+    "as_strided_overlapping": lambda a: a.flatten().as_strided((4, 3), (2, 1), 5),
+    "bytes": lambda a: a[1].view(torch.uint8),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
+@pytest.mark.parametrize("name", list(READ_BACK))
+def test_a_view_reads_back_as_the_cpu_view(name: str, dtype: torch.dtype) -> None:
+    """.cpu() and .item() of a view copy exactly the elements its geometry addresses (a
+    read through numpy's strided view of the storage's buffer), laid out as PyTorch's
+    preserve_format lays a copy out (a clone's strides: an expanded view's copy is contiguous)."""
+    host = (torch.randn(5, 6, 7) * 4).to(dtype)
+    view = READ_BACK[name]
+    if name == "bytes" and dtype is torch.bool:
+        pytest.skip("a bool storage is one byte per element already")
+    expected, got = view(host), view(host.to(TPU)).cpu()
+    assert got.shape == expected.shape and got.dtype == expected.dtype and got.stride() == expected.clone().stride()
+    assert torch.equal(got, expected)
+    if expected.numel() == 1:
+        assert view(host.to(TPU)).item() == expected.item()
