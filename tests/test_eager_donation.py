@@ -65,3 +65,20 @@ def test_defer_and_fuse_donates_a_storage_it_rewrites() -> None:
     assert_close(w.cpu(), w_cpu)
     texts = [c.program.text for c in deferred._GRAPHS.values() if "tensor<1234xf32>" in c.program.text]
     assert texts and any("tf.aliasing_output" in t for t in texts)
+
+
+def test_a_result_keeps_its_tensors_shape_and_shares_the_programs_of_uploads() -> None:
+    """An eager result's buffer has its tensor's shape where it fills its storage row-major
+    with no dim of size 1 (as uploads, DeferAndFuse and compiled results do), else it is flat:
+    a linear layer's input computed by the previous layer then keys the same program as the
+    uploaded batch (the first eager MLP step compiled 18 programs, now 16)."""
+    x_cpu, w_cpu = torch.randn(48, 40), torch.randn(40, 24)
+    x, w = x_cpu.to("tpu"), w_cpu.to("tpu")
+    h = torch.relu(x)
+    assert cell_of(h).shape == (48, 40) == cell_of(x).shape
+    assert cell_of(torch.relu(x[:1, :1])).shape == (1,)  # a size-1 dim: flat, as a (1,) upload
+    assert cell_of(x.t().contiguous()).shape == (40, 48)
+    before = len(_programs("aten.mm.default"))
+    assert_close((x @ w).cpu(), x_cpu @ w_cpu)
+    assert_close((h @ w).cpu(), torch.relu(x_cpu) @ w_cpu)
+    assert len(_programs("aten.mm.default")) == before + 1

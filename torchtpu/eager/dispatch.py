@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_flatten
 from .. import _spans, config, metrics, op_report
 from ..errors import TpuError, TpuRuntimeError
 from ..lowering import registry
+from ..lowering.strided import buffer_shape, storage_result
 from ..runner import checks
 from ..runner.bounded import BoundedCache
 from ..runner.precision import current as current_precision
@@ -47,12 +48,19 @@ from .plan import (
 class Program:
     """An op's storage program and how to wrap its new results as tensors."""
 
-    __slots__ = ("storage", "outputs", "rebuild")
+    __slots__ = ("storage", "outputs", "rebuild", "shapes")
 
-    def __init__(self, storage: StorageProgram, outputs: list[OutputSpec | None], rebuild: Callable[[list], Any] | None):
+    def __init__(
+        self,
+        storage: StorageProgram,
+        outputs: list[OutputSpec | None],
+        rebuild: Callable[[list], Any] | None,
+        shapes: list[tuple[int, ...] | None],
+    ):
         self.storage = storage
         self.outputs = outputs  # per new output; None for an absent one
         self.rebuild = rebuild  # the op's new (non-mutated) outputs, flat, as its plain returns; None: a flat list
+        self.shapes = shapes  # per new output, its storage buffer's shape (result_buffer_shape); None for an absent one
 
 
 _CACHE = BoundedCache("eager op programs")
@@ -294,7 +302,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     outs = execute(prog.storage, inputs, plan.name)
     if mode == modes.BLOCKING:
         _wait_for_call(plan, outs)
-    return wrap_outputs(plan, values, prog.outputs, prog.rebuild, write_back(prog.storage, call.cells, outs), padded)
+    return wrap_outputs(plan, values, prog.outputs, prog.rebuild, write_back(prog.storage, call.cells, outs), padded, prog.shapes)
 
 
 _CAT = torch.ops.aten.cat.default
@@ -321,18 +329,31 @@ def _cpu_fallback_or_raise(op: torch._ops.OpOverload, args: tuple, kwargs: dict)
 
 
 def wrap_outputs(
-    plan: OpPlan, values: list[Any], specs: list, rebuild: Callable[[list], Any] | None, bufs: Any, padded: buckets.Padded | None = None
+    plan: OpPlan,
+    values: list[Any],
+    specs: list,
+    rebuild: Callable[[list], Any] | None,
+    bufs: Any,
+    padded: buckets.Padded | None,
+    shapes: list[tuple[int, ...] | None],
 ) -> Any:
-    """The op's return value: new tensors over ``bufs`` (one per non-None spec), rebuilt
-    into its returns by ``rebuild`` (None: a flat list). ``padded``: ``specs`` are the
-    bucket's; the results take the true length and bucketed storages."""
+    """The op's return value: new tensors over ``bufs`` (one per non-None spec, each buffer
+    of its entry in ``shapes``), rebuilt into its returns by ``rebuild`` (None: a flat
+    list). ``padded``: ``specs`` are the bucket's; the results take the true length and
+    bucketed storages."""
     if padded is not None:
         new = padded.new_results(specs, bufs)
     elif rebuild is None and None not in specs:
-        new = [new_tensor(Cell(numel, dtype, buf), sizes, strides, 0, dtype) for (sizes, strides, dtype, numel), buf in zip(specs, bufs)]
+        new = [
+            new_tensor(Cell(numel, dtype, buf, shape), sizes, strides, 0, dtype)
+            for (sizes, strides, dtype, numel), buf, shape in zip(specs, bufs, shapes)
+        ]
     else:
         it = iter(bufs)
-        new = [None if spec is None else new_tensor(Cell(spec[3], spec[2], next(it)), spec[0], spec[1], 0, spec[2]) for spec in specs]
+        new = [
+            None if spec is None else new_tensor(Cell(spec[3], spec[2], next(it), shape), spec[0], spec[1], 0, spec[2])
+            for spec, shape in zip(specs, shapes)
+        ]
     return plan.returns(values, new if rebuild is None else rebuild(new))
 
 
@@ -376,7 +397,22 @@ def _build(plan: OpPlan, values: list[Any], call: _Call, donate: tuple[int, ...]
     updates = [(slot, v, call.cells[slot].shape) for slot, v in low.updates.items()]
     what = f"{plan.name} {[tuple(t.shape) for t in call.tensors]}"
     donate = [s for s in donate if s in low.updates and pb.has_param(s)]
-    return Program(pb.finish(low.outputs, updates, what, donate), low.specs, low.rebuild())
+    padded = call.padded is not None  # a padded call's results are bucketed storages, read flat (buckets.Padded)
+    shapes = [None if s is None else (s[3],) if padded else result_buffer_shape(s) for s in low.specs]
+    results = [storage_result(pb.b, v, shape) for v, shape in zip(low.outputs, [x for x in shapes if x is not None])]
+    return Program(pb.finish(results, updates, what, donate), low.specs, low.rebuild(), shapes)
+
+
+def result_buffer_shape(spec: OutputSpec) -> tuple[int, ...]:
+    """The buffer shape of an eager result's new storage: its tensor's own when it fills the
+    storage row-major with no dim of size 1 (strided.buffer_shape), else flat. Then a relu's
+    (64, 1024) output keys the next addmm as the uploaded batch before it did (one program
+    where there were two), and an in-place update of it (an optimizer's state, made by its
+    first step) needs no reshape of a flat buffer, which XLA pays with a copy. A size-1 dim
+    stays out: a (1, 1) result would no longer share the programs of (1,) uploads (a decode
+    loop's appended token and position, tests/test_growth.py)."""
+    shape = buffer_shape(spec.sizes, spec.strides, spec.numel)
+    return shape if 1 not in shape else (spec.numel,)
 
 
 def _donatable(plan: OpPlan, values: list[Any], call: _Call) -> tuple[int, ...]:
