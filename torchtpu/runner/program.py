@@ -176,7 +176,7 @@ class Blame(NamedTuple):
     """Whom a failed device-side check is reported against."""
 
     op: str
-    where: str  # the user's source line, or "" for the caller's current line
+    where: checks.SourceLine | str  # the user's source line, or "" for the caller's current line
 
 
 def execute(program: StorageProgram, inputs: list[Any], blame: str | Sequence[Blame]) -> list[Any]:
