@@ -91,7 +91,7 @@ def test_a_twin_holds_the_values_of_the_upload(dtype: torch.dtype, fresh_upload_
     storage = twin.as_strided((512,), (1,), 0).cpu()
     assert torch.equal(storage[:11], expected) and not storage[11:].any()
     # what a bucketed graph reads (compile/dynamic.py): the same storage at its full rows, one tensor per twin
-    entry = buckets.bucketed_twin(d)
+    entry = buckets.bucketed_twin(d, d.untyped_storage()._cell)
     full = entry.full_tensor()
     assert full is entry.full_tensor() and full.shape == (512,) and full.untyped_storage()._cell is twin.untyped_storage()._cell
     assert torch.equal(full.cpu(), storage)

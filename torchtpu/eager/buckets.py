@@ -198,7 +198,7 @@ class _Twin:
         self.dtype = dtype
         self.to_device = to_device
         self.twin: torch.Tensor | None = None
-        self.full: torch.Tensor | None = None  # the twin at its storage's full rows (padded_twin)
+        self.full: torch.Tensor | None = None  # the twin at its storage's full rows (full_tensor)
 
     def tensor(self) -> torch.Tensor | None:
         if self.host is not None:
@@ -267,15 +267,10 @@ def _valid_twin(t: Any, cell: Cell | None = None) -> _Twin | None:
     return entry[1]
 
 
-def bucketed_twin(t: Any, cell: Cell | None = None) -> _Twin | None:
-    """The bucketed twin of ``t`` -- an uploaded 1-d tensor, the whole of its storage
-    (``cell``, where the caller has it) -- or None: the same values in an eager-bucketed
-    storage with spare rows after them (``_Twin.tensor`` uploads it if no padded op has
-    read it yet)."""
-    if cell is None:
-        cell = getattr(t.untyped_storage(), "_cell", None) if isinstance(t, torch.Tensor) else None
-        if cell is None:
-            return None
+def bucketed_twin(t: torch.Tensor, cell: Cell) -> _Twin | None:
+    """The bucketed twin of tpu tensor ``t`` -- an uploaded 1-d tensor, the whole of its
+    storage ``cell`` -- or None: the same values in an eager-bucketed storage with spare
+    rows after them (``_Twin.tensor`` uploads it if no padded op has read it yet)."""
     entry = _valid_twin(t, cell)
     if entry is None or t.dim() != 1 or t.storage_offset() or t.stride(0) != 1 or t.shape[0] != cell.numel:
         return None

@@ -171,10 +171,11 @@ def _strided_view(flat: np.ndarray, sizes: tuple[int, ...], strides: Sequence[in
     copy). numpy's own constructor: ``np.lib.stride_tricks.as_strided`` took 12 us of a
     .item()'s ~44 us in torchtpu, through the Python object it builds first."""
     item = flat.itemsize
+    byte_strides = [s * item for s in strides]
     try:
-        return np.ndarray(sizes, flat.dtype, buffer=flat, offset=offset * item, strides=[s * item for s in strides])
+        return np.ndarray(sizes, flat.dtype, buffer=flat, offset=offset * item, strides=byte_strides)
     except (TypeError, ValueError):  # an offset at the very end of an empty view, which the constructor refuses
-        return np.lib.stride_tricks.as_strided(flat[offset:], sizes, [s * item for s in strides], writeable=False)
+        return np.lib.stride_tricks.as_strided(flat[offset:], sizes, byte_strides, writeable=False)
 
 
 def _reinterpret(flat: np.ndarray, dtype: torch.dtype) -> np.ndarray:
