@@ -281,6 +281,63 @@ def test_deepcopy_of_tied_module():
     assert torch.equal(clone(idx).detach().cpu(), model(idx).detach().cpu())
 
 
+def _bn_net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU(), torch.nn.Linear(6, 1))
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_a_deepcopy_keeps_its_values_while_the_original_trains(mode):
+    """``ema = copy.deepcopy(model)``, then training steps on the original that rewrite its
+    parameters and BatchNorm statistics in place (a compiled step donates their old buffers
+    to XLA). The copy's tensors (parameters through ``clone``, buffers through
+    ``UntypedStorage.clone``) must be its own: before the fix, the copy's running statistics
+    shared the original's buffers and a compiled step deleted them under it."""
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+
+    def run(dev: str) -> tuple[torch.nn.Module, torch.nn.Module, list[float]]:
+        model = _bn_net().to(dev)
+        ema = copy.deepcopy(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        def step(inp: torch.Tensor) -> torch.Tensor:
+            loss = model(inp).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        if mode == "compile" and dev == TPU:
+            step = torch.compile(step, backend="tpu")
+        losses = [float(step(x.to(dev))) for _ in range(3)]
+        return model, ema, losses
+
+    model, ema, losses = run(TPU)
+    cpu_model, cpu_ema, cpu_losses = run("cpu")
+    torch.testing.assert_close(losses, cpu_losses)
+    for (name, got), want in zip(ema.state_dict().items(), cpu_ema.state_dict().values()):
+        torch.testing.assert_close(got.cpu(), want, msg=f"ema {name}")
+    for (name, got), want in zip(model.state_dict().items(), cpu_model.state_dict().values()):
+        torch.testing.assert_close(got.cpu(), want, msg=f"model {name}")
+    assert not torch.equal(ema[1].running_mean.cpu(), model[1].running_mean.cpu())
+    ema.eval()
+    torch.testing.assert_close(ema(x.to(TPU)).detach().cpu(), cpu_ema.eval()(x))
+
+
+def test_a_cloned_storage_survives_an_in_place_compiled_update_of_the_original():
+    t = torch.arange(8.0, device=TPU) * 2
+    clone = torch.empty(0, device=TPU).set_(t.untyped_storage().clone())
+
+    @torch.compile(backend="tpu")
+    def bump(a: torch.Tensor) -> None:
+        a.add_(100)
+
+    bump(t)
+    bump(t)
+    assert torch.equal(clone.cpu(), torch.arange(8.0) * 2)
+    assert torch.equal(t.cpu(), torch.arange(8.0) * 2 + 200)
+
+
 @pytest.mark.parametrize("protocol", [2, 4, 5])
 def test_pickle_matches_cpu(protocol):
     got = pickle.loads(pickle.dumps(_checkpoint(TPU), protocol=protocol))

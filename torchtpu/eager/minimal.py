@@ -343,11 +343,24 @@ def to_copy(
 
 
 def clone_storage(storage: Any) -> Any:
-    """A new tpu storage with the same bytes (device buffers are immutable, so the copy
-    can share the buffer until either side is written)."""
+    """A new tpu storage with the same bytes in a buffer of its own (``UntypedStorage.clone``,
+    which ``copy.deepcopy`` of a tensor calls). Sharing the immutable buffer looked free, but
+    programs that rewrite a storage in place donate its old buffer to XLA (a compiled step
+    always does), which deletes it under every other holder: after ``ema = deepcopy(model)``,
+    one compiled training step left the copy's BatchNorm statistics unreadable."""
     cell = storage._cell
-    copy = Cell(cell.numel, cell.dtype, cell.buf, cell.shape)
+    buf = cell.buf  # runs a pending graph that writes it
+    copy = Cell(cell.numel, cell.dtype, None if buf is None else _copied(cell, buf), cell.shape)
     return new_tensor(copy, [cell.numel], [1], 0, cell.dtype).untyped_storage()
+
+
+def _copied(cell: Cell, buf: Any) -> Any:
+    """A new device buffer holding ``buf``'s values (an identity program: XLA copies a
+    parameter that is returned without being donated)."""
+    from .dispatch import run_utility
+
+    (out,) = run_utility(("copy", cell.shape, cell.numel, cell.dtype), lambda b: [b.param(tuple(cell.shape), cell.dtype)], [buf])
+    return out
 
 
 def storage_to_host(storage: Any) -> torch.Tensor:
