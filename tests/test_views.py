@@ -326,3 +326,18 @@ def test_a_view_reads_back_as_the_cpu_view(name: str, dtype: torch.dtype) -> Non
     assert torch.equal(got, expected)
     if expected.numel() == 1:
         assert view(host.to(TPU)).item() == expected.item()
+
+
+def test_is_set_to_answers_as_on_the_cpu() -> None:
+    """``Tensor.is_set_to``: same storage, offset, sizes and strides (a metadata query)."""
+
+    def answers(dev: str) -> list[bool]:
+        x = torch.arange(6.0, device=dev)
+        same = torch.empty(0, device=dev).set_(x)
+        at_offset = torch.empty(0, device=dev).set_(x.untyped_storage(), 2, (2,), (2,))
+        strided = x[2::2]
+        empty_a, empty_b = torch.empty(0, device=dev), torch.empty(0, device=dev)
+        pairs = [(x, x), (same, x), (x.view(2, 3), x), (x[1:], x), (x.clone(), x), (at_offset, strided), (empty_a, empty_b)]
+        return [a.is_set_to(b) for a, b in pairs]
+
+    assert answers("tpu") == answers("cpu") == [True, True, False, False, False, True, False]

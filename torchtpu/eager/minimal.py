@@ -373,6 +373,17 @@ def local_scalar_dense(x: torch.Tensor) -> Any:
     return to_cpu(x, "item").item()
 
 
+def is_set_to(x: torch.Tensor, src: torch.Tensor) -> bool:
+    """Whether ``x`` views the same storage as ``src`` with the same offset, sizes and
+    strides (the CPU's rule; nothing on the device is read)."""
+    return (
+        x.untyped_storage()._cdata == src.untyped_storage()._cdata
+        and x.storage_offset() == src.storage_offset()
+        and x.shape == src.shape
+        and x.stride() == src.stride()
+    )
+
+
 def equal(x: torch.Tensor, y: torch.Tensor) -> bool:
     """torch.equal returns a Python bool: compare on the device, read back one flag."""
     if x.shape != y.shape:
@@ -515,6 +526,7 @@ def kernels() -> dict[Any, Any]:
         aten._to_copy.default: to_copy,
         aten._local_scalar_dense.default: local_scalar_dense,
         aten.equal.default: equal,
+        aten.is_set_to.default: is_set_to,
         aten.resize_.default: resize_,
         aten.resize_as_.default: resize_as_,
         aten.set_.source_Storage_storage_offset: set_source_storage_offset,
