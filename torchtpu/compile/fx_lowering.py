@@ -215,6 +215,13 @@ def _collect_args(call: _Call, name: str) -> None:
             key.append(None)
         elif _opaque(a):  # DTensor's DeviceMesh, passed along by AOTAutograd's subclass wrapper
             key.append(("obj", type(a).__qualname__))
+        elif isinstance(a, torch.SymInt) and a.node.is_nested_int():
+            raise TpuError(
+                f"torchtpu: compiled graph {name} takes the ragged size of a jagged nested tensor (argument {i}, {a}): "
+                "torch.compile(backend='tpu') does not compile jagged nested tensors (torch.nested, layout=torch.jagged) "
+                "yet. Run that code uncompiled (eager or DeferAndFuse mode both run it), or compile it on padded tensors "
+                "(nt.to_padded_tensor(...))"
+            )
         else:
             raise TpuError(f"torchtpu: compiled graph {name} got an argument of type {type(a).__name__} (argument {i})")
 

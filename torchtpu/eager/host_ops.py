@@ -222,6 +222,14 @@ def fused_moving_avg_obs_fq_helper(
     return aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams.default(x, scale, zero_point, enabled, quant_min, quant_max)
 
 
+def padded_dense_to_jagged(padded: torch.Tensor, offsets: list[torch.Tensor], total_L: int | None = None) -> torch.Tensor:  # noqa: N803
+    """A jagged nested tensor's values from their padded form: without ``total_L`` the
+    result's length is the last offset, read from the device as the CPU kernel reads it."""
+    if total_L is None and len(offsets) == 1:
+        total_L = int(offsets[0][-1])  # noqa: N806
+    return _run(aten._padded_dense_to_jagged_forward.default, (padded, offsets, total_L))
+
+
 def kernels() -> dict[Any, Any]:
     return {
         aten._fused_moving_avg_obs_fq_helper.default: fused_moving_avg_obs_fq_helper,
@@ -235,4 +243,5 @@ def kernels() -> dict[Any, Any]:
         aten.masked_select.out: _into_out(masked_select, checks_overlap=True),
         **{op: _on_host(op) for op in (*_UNIQUE_OPS, *_HOST_OPS)},
         aten.bincount.out: _into_out(_on_host(aten.bincount.default)),
+        aten._padded_dense_to_jagged_forward.default: padded_dense_to_jagged,
     }

@@ -43,12 +43,13 @@ def _pack(rows: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _unpack(nt: torch.Tensor) -> list[torch.Tensor]:
-    """The components of a nested tensor of 2-D [length_i, D] sequences (its sizes and
-    offsets are host tensors of the NestedTensorImpl; its buffer is on tpu)."""
+    """The components of a nested tensor, each a view of its tpu buffer (the sizes, strides
+    and offsets are host tensors of the NestedTensorImpl)."""
     buffer = aten.values.default._op_dk(_K.NestedTensorCPU, nt)
     sizes = aten._nested_tensor_size.default._op_dk(_K.NestedTensorCPU, nt).tolist()
+    strides = aten._nested_tensor_strides.default._op_dk(_K.NestedTensorCPU, nt).tolist()
     offsets = aten._nested_tensor_storage_offsets.default._op_dk(_K.NestedTensorCPU, nt).tolist()
-    return [buffer[o : o + n * d].view(n, d) for o, (n, d) in zip(offsets, sizes)]
+    return [buffer.as_strided(size, stride, buffer.storage_offset() + o) for size, stride, o in zip(sizes, strides, offsets)]
 
 
 def _padded(rows: list[torch.Tensor], length: int, value: float = 0.0) -> torch.Tensor:
@@ -90,10 +91,24 @@ def _encoder_layer(src: torch.Tensor, *args: Any, mask: Any = None, mask_type: A
 
 
 def _to_padded_tensor(nt: torch.Tensor, padding: float, output_size: Any = None) -> torch.Tensor:
-    rows = _unpack(nt)
-    longest = max((r.shape[0] for r in rows), default=0)
-    length = output_size[1] if output_size is not None else longest
-    return _padded(rows, length, padding)
+    """[B, *the largest size of each dim] (or ``output_size``): each component padded at
+    the end of every dim with ``padding``, as the CPU kernel pads them."""
+    parts = _unpack(nt)
+    if output_size is not None:
+        target = list(output_size[1:])
+    else:
+        target = [max((p.shape[d] for p in parts), default=0) for d in range(nt.dim() - 1)]
+    if not parts:
+        return torch.full([0, *target], padding, dtype=nt.dtype, device=nt.device)
+    pads = [[x for d in reversed(range(len(target))) for x in (0, target[d] - p.shape[d])] for p in parts]
+    return torch.stack([torch.nn.functional.pad(p, pad, value=padding) for p, pad in zip(parts, pads)])
+
+
+def _unbind(nt: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, ...]:
+    """The components, as views of the buffer (what printing a nested tensor asks for)."""
+    if dim != 0:
+        raise RuntimeError(f"NestedTensor can only be unbound along dimension 0 got dimension {dim} instead.")  # the CPU kernel's words
+    return tuple(_unpack(nt))
 
 
 def install() -> None:
@@ -105,4 +120,5 @@ def install() -> None:
     lib.impl("_nested_tensor_from_mask", _from_mask, "PrivateUse1")
     lib.impl("_transformer_encoder_layer_fwd", _encoder_layer, "NestedTensorPrivateUse1")
     lib.impl("to_padded_tensor", _to_padded_tensor, "NestedTensorPrivateUse1")
+    lib.impl("unbind.int", _unbind, "NestedTensorPrivateUse1")
     _libs.append(lib)

@@ -66,6 +66,18 @@ def _sparse_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     raise sparse_not_supported(op.name() if hasattr(op, "name") else str(op))
 
 
+def _strided_nested_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Every op on a strided nested tpu tensor without a kernel of its own (eager/nested.py
+    has the transformer fast path's and to_padded_tensor): a message that names the layout
+    that does work, not the dispatcher's 'Could not run ... from the NestedTensortpu backend'."""
+    name = op.name() if hasattr(op, "name") else str(op)
+    raise NotImplementedError(
+        f"torchtpu: {name} is not implemented for strided nested tensors on the tpu device (torch.nested.nested_tensor's "
+        "default layout: tpu runs nn.TransformerEncoder's nested fast path and to_padded_tensor on them). Build the "
+        "nested tensor with layout=torch.jagged, whose ops run as ordinary tpu ops, or pad it with nt.to_padded_tensor(...)."
+    )
+
+
 def native_view_ops() -> set[torch._ops.OpOverload]:
     """The view ops whose tpu kernels the C++ fast paths register (torchtpu/csrc/fast.cpp:
     the Meta key's kernels, which minimal.VIEW_OPS redispatch to from Python); none where
@@ -96,6 +108,7 @@ def register_runtime_kernels() -> None:
     sparse = torch.library.Library("_", "IMPL")
     for key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
         sparse.fallback(_sparse_fallback, key)
+    sparse.fallback(_strided_nested_fallback, "NestedTensorPrivateUse1")
     _libs.extend([lib, fb, autocast, sparse])
 
 

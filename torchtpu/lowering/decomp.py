@@ -452,6 +452,6 @@ for _name in ("multi_margin_loss_backward", "multilabel_margin_loss_backward", "
         _META.impl(_name, _same_shape_meta, "Meta")
 
 
-# registered on import: fake quantization (quantization-aware training), and the fast paths
-# of nn.MultiheadAttention and nn.TransformerEncoderLayer
-from . import decomp_quant, decomp_transformer  # noqa: E402, F401
+# registered on import: fake quantization (quantization-aware training), the fast paths
+# of nn.MultiheadAttention and nn.TransformerEncoderLayer, and jagged nested tensors
+from . import decomp_nested, decomp_quant, decomp_transformer  # noqa: E402, F401
