@@ -35,6 +35,22 @@ def test_numpy_raises_like_cuda():
     assert x.cpu().numpy().tolist() == [1.0, 1.0]
 
 
+def test_dlpack_export_refuses_with_a_message():
+    """No DLPack capsule of a tpu tensor: its storage's data pointer is an opaque handle,
+    and a consumer reading it would crash the process. CPU tensors still round-trip."""
+    import numpy as np
+
+    t = torch.arange(4.0, device="tpu")
+    for export in (torch.utils.dlpack.to_dlpack, torch.to_dlpack, torch.from_dlpack, np.from_dlpack, type(t).__dlpack__):
+        with pytest.raises(BufferError, match=r"cannot be exported through DLPack.*t\.cpu\(\)"):
+            export(t)
+    with pytest.raises(BufferError, match="DLPack"):
+        t.__dlpack_device__()
+    c = torch.arange(3.0)
+    assert torch.from_dlpack(torch.utils.dlpack.to_dlpack(c)).tolist() == [0.0, 1.0, 2.0]
+    assert np.from_dlpack(c).tolist() == [0.0, 1.0, 2.0]
+
+
 def test_print_and_repr():
     x = torch.tensor([[1.5, -2.0], [3.0, 4.25]], device="tpu")
     r = repr(x)

@@ -110,6 +110,51 @@ def _patch_storage_clone() -> None:
     torch.UntypedStorage.clone = clone
 
 
+_NO_DLPACK = (
+    "torchtpu: a tpu tensor cannot be exported through DLPack: its memory belongs to this process's XLA runtime, "
+    "which hands out no pointer another library could use. Copy it to the host first: t.cpu()"
+)
+
+
+def _patch_dlpack_export() -> None:
+    """DLPack export of a tpu tensor (``t.__dlpack__()``, ``__dlpack_device__``,
+    ``torch.utils.dlpack.to_dlpack``) refuses with a message. PyTorch's exporter would hand out the storage's opaque data
+    pointer (storage.py: no memory lies behind it) as an "extension device" address: a
+    consumer that reads it crashes the process, and ``torch.from_dlpack`` made a tpu tensor
+    without a buffer."""
+    import torch.utils.dlpack as dlpack
+
+    original = torch.Tensor.__dlpack__
+    if getattr(original, "_torchtpu", False):
+        return
+
+    def __dlpack__(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - the protocol's name
+        if self.device.type == "tpu":
+            raise BufferError(_NO_DLPACK)
+        return original(self, *args, **kwargs)
+
+    device_of = torch.Tensor.__dlpack_device__
+
+    def __dlpack_device__(self: torch.Tensor) -> Any:  # noqa: N807 - the protocol's name
+        if self.device.type == "tpu":  # asked first by every consumer (torch.from_dlpack, numpy)
+            raise BufferError(_NO_DLPACK)
+        return device_of(self)
+
+    export = dlpack.to_dlpack
+
+    def to_dlpack(tensor: torch.Tensor) -> Any:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "tpu":
+            raise BufferError(_NO_DLPACK)
+        return export(tensor)
+
+    __dlpack__._torchtpu = True  # type: ignore[attr-defined]
+    __dlpack__.__doc__ = original.__doc__
+    to_dlpack.__doc__ = export.__doc__
+    torch.Tensor.__dlpack__ = __dlpack__  # type: ignore[method-assign]
+    torch.Tensor.__dlpack_device__ = __dlpack_device__  # type: ignore[method-assign]
+    dlpack.to_dlpack = torch.to_dlpack = to_dlpack  # type: ignore[attr-defined]
+
+
 def _patch_storage_constructor() -> None:
     """``torch.UntypedStorage(n, device="tpu")`` asks PyTorch's C++ allocator registry for a
     tpu allocator, which a Python backend cannot register: the process would crash. Build
@@ -217,6 +262,7 @@ def register_device() -> None:
     _patch_storage_clone()
     _patch_storage_pickle()
     _patch_storage_constructor()
+    _patch_dlpack_export()
     from .eager import sharing
 
     sharing.install()  # torch.multiprocessing / DataLoader workers: tpu tensors travel as bytes
