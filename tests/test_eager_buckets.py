@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import torchtpu
 from torchtpu import metrics
@@ -422,3 +423,23 @@ def test_a_compiled_expert_between_eager_routing_ops() -> None:
         assert compiles() == before
     finally:
         torch._dynamo.reset()
+
+
+def test_an_embedding_gradient_read_at_its_exact_length_is_not_padded_with_its_ids() -> None:
+    """Uploaded ids at varying lengths get a bucketed twin, and an embedding's backward may
+    run padded: its ids and its grad_output together. When the gradient reaching it has
+    its exact length (here through a linear layer whose backward ran exact), padding the
+    ids alone paired gradient rows with padding: the program did not compile ("number of
+    output elements (3072) doesn't match expected number of elements (30)"). It runs exact."""
+    torch.arange(32).to("tpu")  # 1-d int64 uploads of two lengths in one bucket: twins from now on
+    g = torch.Generator().manual_seed(0)
+    ids, target = torch.randint(0, 10, (5,), generator=g), torch.randint(0, 3, (5,), generator=g)
+
+    def grads(dev: str) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        emb, lin = nn.Embedding(10, 6, max_norm=1.0, padding_idx=0).to(dev), nn.Linear(6, 3).to(dev)
+        F.cross_entropy(lin(emb(ids.to(dev))), target.to(dev)).backward()
+        return [emb.weight.grad.cpu(), lin.weight.grad.cpu(), emb.weight.detach().cpu()]
+
+    for got, want in zip(grads("tpu"), grads("cpu")):
+        torch.testing.assert_close(got, want)

@@ -387,6 +387,11 @@ def plan_padded(plan: OpPlan, values: list[Any]) -> Padded | None:
         if d is not None:  # a gradient expanded to the length: padded alike
             dims[id(t)] = d
             in_dims.append((i, d))
+        elif paddable is not None and n in t.shape:
+            # an argument the op pads together with the others (embedding_dense_backward's
+            # grad_output with its indices) read at its exact length: padding the rest alone
+            # would pair rows that do not belong together (meta kernels do not check that)
+            return None
     # every other tensor is read at exact shapes; _result_dims checks that the call means
     # the same with the padded views at two different bucket sizes
     in_dims.sort()
