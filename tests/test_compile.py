@@ -608,3 +608,41 @@ def test_channels_last_convolutions_keep_eager_strides() -> None:
     for p, q in zip(model.parameters(), on_tpu.parameters()):
         assert q.grad.stride() == p.grad.stride()
         assert_close(q.grad, p.grad)
+
+
+def test_control_flow_operators_run_op_by_op_with_the_cpu_numbers() -> None:
+    """``torch.cond`` and ``while_loop`` in a compiled function: the lowering has no rule for
+    higher-order operators yet, so their graphs run op by op (said once, with a warning)
+    instead of failing inside the lowering; values and gradients are the CPU's."""
+    from torch._higher_order_ops import while_loop
+
+    import torchtpu.compile.backend as backend
+
+    def losses_and_grads(dev: str) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        lin = nn.Linear(4, 4).to(dev)
+
+        def f(x: torch.Tensor) -> torch.Tensor:
+            h = lin(x)
+            y = torch.cond(h.sum() > 0, lambda t: (t.sin() * 2,), lambda t: (t.cos() - 1,), (h,))[0]
+            return y.square().mean()
+
+        def doubled_until(x: torch.Tensor) -> torch.Tensor:
+            return while_loop(lambda i, t: i < 3, lambda i, t: (i + 1, t * 2), (torch.tensor(0, device=x.device), x))[1]
+
+        if dev == TPU:
+            f, doubled_until = torch.compile(f, backend="tpu"), torch.compile(doubled_until, backend="tpu")
+        out = []
+        for sign in (1.0, -1.0):  # both branches
+            x = (torch.randn(3, 4, generator=torch.Generator().manual_seed(1)) * sign).to(dev)
+            loss = f(x)
+            loss.backward()
+            out += [loss.detach().cpu(), lin.weight.grad.cpu(), doubled_until(x).cpu()]
+            lin.weight.grad = None
+        return out
+
+    backend._warned_higher_order = False
+    with pytest.warns(UserWarning, match="calls cond.*op by op"):
+        got = losses_and_grads(TPU)
+    for g, w in zip(got, losses_and_grads("cpu")):
+        assert_close(g, w)

@@ -148,6 +148,10 @@ def _compiler(kind: str, bounds: SymbolBounds | None) -> Callable[[torch.fx.Grap
         replicas, in_program = _collectives(gm, name)
         if not in_program:
             return OpByOpGraph(gm, name)
+        operators = higher_order_operators(gm)
+        if operators:
+            _warn_higher_order(name, operators)
+            return OpByOpGraph(gm, name)
         graph = CompiledGraph(gm, name, dynamic=_has_symbols(example_inputs), bounds=bounds, replicas=replicas)
         graph.compile_id = _compile_id()
         return graph
@@ -185,6 +189,28 @@ def _collectives(gm: torch.fx.GraphModule, name: str) -> tuple[ReplicaLayout | N
         return None, False
     layout = compiled.replica_layout(names, f"compiled graph {name}")
     return layout._replace(split_ranges=compiled.split_ranges(gm, f"compiled graph {name}")), True
+
+
+def higher_order_operators(gm: torch.fx.GraphModule) -> list[str]:
+    """The higher-order operators in ``gm`` (``torch.cond``, ``while_loop``, ``scan``, ...:
+    ops that call subgraphs), which the lowering has no rule for."""
+    return sorted({str(n.target) for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)})
+
+
+_warned_higher_order = False
+
+
+def _warn_higher_order(name: str, operators: list[str]) -> None:
+    global _warned_higher_order
+    if _warned_higher_order:
+        return
+    _warned_higher_order = True
+    warnings.warn(
+        f"torchtpu: compiled graph {name} calls {', '.join(operators)}, which torchtpu does not lower into XLA "
+        "programs yet: the graph runs op by op (eagerly; each branch or loop body as its eager ops, the predicate "
+        "read on the host). The results are the same, the speed is eager's.",
+        stacklevel=2,
+    )
 
 
 _warned_op_by_op = False

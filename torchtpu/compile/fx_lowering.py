@@ -765,9 +765,11 @@ class CompiledGraph:
 
 
 class OpByOpGraph:
-    """A graph whose functional collectives cannot go into an XLA program (their group's
-    transport is not xla): AOTAutograd's graph runs op by op, every op through the eager
-    kernels and every collective through its process group. Same results, more programs."""
+    """A graph that cannot become one XLA program: its functional collectives' group has no
+    xla transport, or it calls a higher-order operator (``torch.cond``, ``while_loop``)
+    without a lowering. AOTAutograd's graph runs op by op, every op through the eager
+    kernels, every collective through its process group, every subgraph call as its eager
+    implementation. Same results, more programs."""
 
     def __init__(self, gm: torch.fx.GraphModule, name: str):
         self._boxed_call = True
