@@ -641,8 +641,34 @@ def test_control_flow_operators_run_op_by_op_with_the_cpu_numbers() -> None:
             lin.weight.grad = None
         return out
 
-    backend._warned_higher_order = False
+    backend._warned_op_by_op_operators = False
     with pytest.warns(UserWarning, match="calls cond.*op by op"):
         got = losses_and_grads(TPU)
     for g, w in zip(got, losses_and_grads("cpu")):
         assert_close(g, w)
+
+
+@torch.library.custom_op("torchtpu_test::scaled_tanh", mutates_args=())
+def _scaled_tanh(x: torch.Tensor, k: float) -> torch.Tensor:
+    return torch.tanh(x) * k
+
+
+@_scaled_tanh.register_fake
+def _(x: torch.Tensor, k: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_a_custom_op_without_a_lowering_runs_its_own_implementation() -> None:
+    """A ``torch.library.custom_op`` is opaque to compilers: without a tpu lowering its
+    graph runs op by op, the op as its own implementation (as in eager), where the lowering
+    raised NotImplementedError; the same graph compiled on the CPU is the reference."""
+    import torchtpu.compile.backend as backend
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return _scaled_tanh(x * 2, 3.0).sum(0)
+
+    x = torch.randn(4, 3)
+    backend._warned_op_by_op_operators = False
+    with pytest.warns(UserWarning, match="torchtpu_test::scaled_tanh.*own implementation"):
+        got = torch.compile(f, backend="tpu")(x.to(TPU))
+    assert_close(got, f(x))

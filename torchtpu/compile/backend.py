@@ -26,7 +26,7 @@ from ..errors import TpuError
 from ..lowering.collectives import ReplicaLayout
 from . import layouts
 from .dynamic import BOUNDS_ATTR, SymbolBounds, batched_linears_apart, check_dynamic
-from .fx_lowering import CompiledGraph, OpByOpGraph
+from .fx_lowering import LOWERED_HIGHER_ORDER, CompiledGraph, OpByOpGraph
 
 _graph_ids = itertools.count()
 
@@ -148,9 +148,9 @@ def _compiler(kind: str, bounds: SymbolBounds | None) -> Callable[[torch.fx.Grap
         replicas, in_program = _collectives(gm, name)
         if not in_program:
             return OpByOpGraph(gm, name)
-        operators = higher_order_operators(gm)
+        operators = higher_order_operators(gm) + opaque_custom_operators(gm)
         if operators:
-            _warn_higher_order(name, operators)
+            _warn_op_by_op_operators(name, operators)
             return OpByOpGraph(gm, name)
         graph = CompiledGraph(gm, name, dynamic=_has_symbols(example_inputs), bounds=bounds, replicas=replicas)
         graph.compile_id = _compile_id()
@@ -193,22 +193,51 @@ def _collectives(gm: torch.fx.GraphModule, name: str) -> tuple[ReplicaLayout | N
 
 def higher_order_operators(gm: torch.fx.GraphModule) -> list[str]:
     """The higher-order operators in ``gm`` (``torch.cond``, ``while_loop``, ``scan``, ...:
-    ops that call subgraphs), which the lowering has no rule for."""
-    return sorted({str(n.target) for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)})
+    ops that call subgraphs) the lowering has no rule for: all but checkpointing's RNG pair."""
+    return sorted(
+        {
+            str(n.target)
+            for n in gm.graph.nodes
+            if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator) and n.target not in LOWERED_HIGHER_ORDER
+        }
+    )
 
 
-_warned_higher_order = False
+def opaque_custom_operators(gm: torch.fx.GraphModule) -> list[str]:
+    """Operators of other libraries in ``gm`` (``torch.library.custom_op``) with neither a
+    lowering (``torchtpu.library.register_lowering``) nor a decomposition, whose own
+    implementation runs on any device (a CompositeExplicitAutograd kernel, as custom_op
+    registers it): opaque to compilers by design, they run as written, as in eager."""
+    from ..lowering import registry
+    from ..lowering.decomp import decomposition_for
+
+    registry._load_rules()
+    names = set()
+    for n in gm.graph.nodes:
+        op = n.target
+        if n.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or op.namespace in ("aten", "prims"):
+            continue
+        if op in registry.RULES or decomposition_for(op) is not None:
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeExplicitAutograd"):
+            names.add(op.name())
+    return sorted(names)
 
 
-def _warn_higher_order(name: str, operators: list[str]) -> None:
-    global _warned_higher_order
-    if _warned_higher_order:
+_warned_op_by_op_operators = False
+
+
+def _warn_op_by_op_operators(name: str, operators: list[str]) -> None:
+    global _warned_op_by_op_operators
+    if _warned_op_by_op_operators:
         return
-    _warned_higher_order = True
+    _warned_op_by_op_operators = True
     warnings.warn(
         f"torchtpu: compiled graph {name} calls {', '.join(operators)}, which torchtpu does not lower into XLA "
-        "programs yet: the graph runs op by op (eagerly; each branch or loop body as its eager ops, the predicate "
-        "read on the host). The results are the same, the speed is eager's.",
+        "programs: the graph runs op by op (eagerly; a higher-order operator's branches or loop body as their eager "
+        "ops, its predicate read on the host; a custom operator's own implementation, as in eager mode). The "
+        "results are the same, the speed is eager's. A custom operator joins the program once it has a lowering "
+        "(torchtpu.library.register_lowering).",
         stacklevel=2,
     )
 

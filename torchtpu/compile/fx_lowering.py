@@ -68,6 +68,7 @@ _SKIPPED = {
 # functionalize_rng_ops). Ours is the op's [seed, counter] program state (see _Hooks).
 _RUN_AND_SAVE_RNG_STATE = torch._prims.rng_prims.run_and_save_rng_state
 _RUN_WITH_RNG_STATE = torch._prims.rng_prims.run_with_rng_state
+LOWERED_HIGHER_ORDER = frozenset({_RUN_AND_SAVE_RNG_STATE, _RUN_WITH_RNG_STATE})  # the only ones (backend.py)
 _dump_ids = itertools.count()
 _tokens = itertools.count()
 GRAPHS: weakref.WeakSet = weakref.WeakSet()  # every live CompiledGraph (tests, debugging)
