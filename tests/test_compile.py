@@ -672,3 +672,23 @@ def test_a_custom_op_without_a_lowering_runs_its_own_implementation() -> None:
     with pytest.warns(UserWarning, match="torchtpu_test::scaled_tanh.*own implementation"):
         got = torch.compile(f, backend="tpu")(x.to(TPU))
     assert_close(got, f(x))
+
+
+def test_a_data_dependent_shape_in_the_graph_runs_op_by_op() -> None:
+    """With ``capture_dynamic_output_shape_ops``, Dynamo keeps a boolean mask's selection
+    (an unbacked size) inside the graph; an XLA program cannot have that shape, so the graph
+    runs op by op (said with a warning), where the lowering failed with a
+    GuardOnDataDependentSymNode."""
+    import torchtpu.compile.backend as backend
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x[x > 0].sum() * 2 + x.mean()
+
+    x = torch.randn(6, 3)
+    backend._warned_data_dependent = False
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        with pytest.warns(UserWarning, match="shape depends on tensor values"):
+            got = torch.compile(f, backend="tpu")(x.to(TPU))
+    torch._dynamo.reset()
+    assert_close(got, f(x))

@@ -152,6 +152,10 @@ def _compiler(kind: str, bounds: SymbolBounds | None) -> Callable[[torch.fx.Grap
         if operators:
             _warn_op_by_op_operators(name, operators)
             return OpByOpGraph(gm, name)
+        shaped_by_values = data_dependent_shape(gm)
+        if shaped_by_values:
+            _warn_data_dependent(name, shaped_by_values)
+            return OpByOpGraph(gm, name)
         graph = CompiledGraph(gm, name, dynamic=_has_symbols(example_inputs), bounds=bounds, replicas=replicas)
         graph.compile_id = _compile_id()
         return graph
@@ -238,6 +242,36 @@ def _warn_op_by_op_operators(name: str, operators: list[str]) -> None:
         "ops, its predicate read on the host; a custom operator's own implementation, as in eager mode). The "
         "results are the same, the speed is eager's. A custom operator joins the program once it has a lowering "
         "(torchtpu.library.register_lowering).",
+        stacklevel=2,
+    )
+
+
+def data_dependent_shape(gm: torch.fx.GraphModule) -> str | None:
+    """The first node of ``gm`` whose result's shape depends on tensor values (an unbacked
+    size: ``nonzero`` or a boolean mask under ``capture_dynamic_output_shape_ops``), which
+    no XLA program can have; None when every shape is known before the call."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and free_unbacked_symbols(val.shape):
+            return f"{n.target} -> shape {tuple(val.shape)}"
+    return None
+
+
+_warned_data_dependent = False
+
+
+def _warn_data_dependent(name: str, where: str) -> None:
+    global _warned_data_dependent
+    if _warned_data_dependent:
+        return
+    _warned_data_dependent = True
+    warnings.warn(
+        f"torchtpu: compiled graph {name} has a result whose shape depends on tensor values ({where}; "
+        "torch._dynamo.config.capture_dynamic_output_shape_ops puts such ops into graphs). XLA programs have static "
+        "shapes: the graph runs op by op (eagerly, the shape read from the device). The results are the same, the "
+        "speed is eager's; without that option Dynamo breaks the graph at the op instead, and the rest compiles.",
         stacklevel=2,
     )
 
