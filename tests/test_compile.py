@@ -641,7 +641,7 @@ def test_control_flow_operators_run_op_by_op_with_the_cpu_numbers() -> None:
             lin.weight.grad = None
         return out
 
-    backend._warned_op_by_op_operators = False
+    backend.WARNED.discard("operators")
     with pytest.warns(UserWarning, match="calls cond.*op by op"):
         got = losses_and_grads(TPU)
     for g, w in zip(got, losses_and_grads("cpu")):
@@ -668,7 +668,7 @@ def test_a_custom_op_without_a_lowering_runs_its_own_implementation() -> None:
         return _scaled_tanh(x * 2, 3.0).sum(0)
 
     x = torch.randn(4, 3)
-    backend._warned_op_by_op_operators = False
+    backend.WARNED.discard("operators")
     with pytest.warns(UserWarning, match="torchtpu_test::scaled_tanh.*own implementation"):
         got = torch.compile(f, backend="tpu")(x.to(TPU))
     assert_close(got, f(x))
@@ -685,7 +685,7 @@ def test_a_data_dependent_shape_in_the_graph_runs_op_by_op() -> None:
         return x[x > 0].sum() * 2 + x.mean()
 
     x = torch.randn(6, 3)
-    backend._warned_data_dependent = False
+    backend.WARNED.discard("data-dependent shape")
     torch._dynamo.reset()
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         with pytest.warns(UserWarning, match="shape depends on tensor values"):

@@ -228,21 +228,25 @@ def opaque_custom_operators(gm: torch.fx.GraphModule) -> list[str]:
     return sorted(names)
 
 
-_warned_op_by_op_operators = False
+# why a graph ran op by op, warned once per process each: collectives, operators, shapes
+WARNED: set[str] = set()
+
+
+def _warn_once(reason: str, message: str) -> None:
+    if reason in WARNED:
+        return
+    WARNED.add(reason)
+    warnings.warn(message, stacklevel=3)
 
 
 def _warn_op_by_op_operators(name: str, operators: list[str]) -> None:
-    global _warned_op_by_op_operators
-    if _warned_op_by_op_operators:
-        return
-    _warned_op_by_op_operators = True
-    warnings.warn(
+    _warn_once(
+        "operators",
         f"torchtpu: compiled graph {name} calls {', '.join(operators)}, which torchtpu does not lower into XLA "
         "programs: the graph runs op by op (eagerly; a higher-order operator's branches or loop body as their eager "
         "ops, its predicate read on the host; a custom operator's own implementation, as in eager mode). The "
         "results are the same, the speed is eager's. A custom operator joins the program once it has a lowering "
         "(torchtpu.library.register_lowering).",
-        stacklevel=2,
     )
 
 
@@ -259,38 +263,24 @@ def data_dependent_shape(gm: torch.fx.GraphModule) -> str | None:
     return None
 
 
-_warned_data_dependent = False
-
-
 def _warn_data_dependent(name: str, where: str) -> None:
-    global _warned_data_dependent
-    if _warned_data_dependent:
-        return
-    _warned_data_dependent = True
-    warnings.warn(
+    _warn_once(
+        "data-dependent shape",
         f"torchtpu: compiled graph {name} has a result whose shape depends on tensor values ({where}; "
         "torch._dynamo.config.capture_dynamic_output_shape_ops puts such ops into graphs). XLA programs have static "
         "shapes: the graph runs op by op (eagerly, the shape read from the device). The results are the same, the "
         "speed is eager's; without that option Dynamo breaks the graph at the op instead, and the rest compiles.",
-        stacklevel=2,
     )
 
 
-_warned_op_by_op = False
-
-
 def _warn_op_by_op(name: str, outside: list[tuple[str, str]]) -> None:
-    global _warned_op_by_op
-    if _warned_op_by_op:
-        return
-    _warned_op_by_op = True
     groups = ", ".join(f"{n!r} ({t})" for n, t in outside)
-    warnings.warn(
+    _warn_once(
+        "collectives",
         f"torchtpu: compiled graph {name} has functional collectives on process group(s) {groups} whose collectives "
         "cannot run inside an XLA program: it runs op by op (eagerly), its collectives through the process group. "
         "Set TORCHTPU_COLLECTIVES=xla (before init_process_group) to compile it into one program with its "
         "collectives inside.",
-        stacklevel=2,
     )
 
 
