@@ -118,10 +118,10 @@ _NO_DLPACK = (
 
 def _patch_dlpack_export() -> None:
     """DLPack export of a tpu tensor (``t.__dlpack__()``, ``__dlpack_device__``,
-    ``torch.utils.dlpack.to_dlpack``) refuses with a message. PyTorch's exporter would hand out the storage's opaque data
-    pointer (storage.py: no memory lies behind it) as an "extension device" address: a
-    consumer that reads it crashes the process, and ``torch.from_dlpack`` made a tpu tensor
-    without a buffer."""
+    ``torch.utils.dlpack.to_dlpack``) refuses with a message. PyTorch's exporter would hand
+    out the storage's opaque data pointer (storage.py: no memory lies behind it) as an
+    "extension device" address: a consumer that reads it crashes the process, and
+    ``torch.from_dlpack`` made a tpu tensor without a buffer."""
     import torch.utils.dlpack as dlpack
 
     original = torch.Tensor.__dlpack__

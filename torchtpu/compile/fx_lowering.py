@@ -766,11 +766,12 @@ class CompiledGraph:
 
 
 class OpByOpGraph:
-    """A graph that cannot become one XLA program: its functional collectives' group has no
-    xla transport, or it calls a higher-order operator (``torch.cond``, ``while_loop``)
-    without a lowering. AOTAutograd's graph runs op by op, every op through the eager
-    kernels, every collective through its process group, every subgraph call as its eager
-    implementation. Same results, more programs."""
+    """A graph that cannot become one XLA program (backend.py decides): its functional
+    collectives' group has no xla transport; it calls a higher-order operator
+    (``torch.cond``, ``while_loop``) or a custom operator without a lowering; or a result's
+    shape depends on tensor values. AOTAutograd's graph runs op by op: every op through the
+    eager kernels, every collective through its process group, every subgraph call and
+    custom operator as its own implementation. Same results, more programs."""
 
     def __init__(self, gm: torch.fx.GraphModule, name: str):
         self._boxed_call = True
