@@ -444,12 +444,19 @@ def _same_shape_meta(grad: torch.Tensor, x: torch.Tensor, *args: Any, **kwargs: 
     return x.new_empty(x.shape)
 
 
-# PyTorch has no Meta kernel for these backwards; the eager path needs one for the output's
-# shape (the gradient has the input's shape). Registered only where missing.
 _META = torch.library.Library("aten", "IMPL")
+
+
+def meta_where_missing(name: str, fn: Any) -> None:
+    """Register ``fn`` as the Meta kernel of ``aten::name`` unless PyTorch has one: the eager
+    path takes a result's shape from it."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+        _META.impl(name, fn, "Meta")
+
+
+# PyTorch has no Meta kernel for these backwards (the gradient has the input's shape)
 for _name in ("multi_margin_loss_backward", "multilabel_margin_loss_backward", "fractional_max_pool3d_backward"):
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_name}", "Meta"):
-        _META.impl(_name, _same_shape_meta, "Meta")
+    meta_where_missing(_name, _same_shape_meta)
 
 
 # registered on import: fake quantization (quantization-aware training), the fast paths

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .decomp import register_own
+from .decomp import meta_where_missing, register_own
 
 aten = torch.ops.aten
 
@@ -65,6 +65,4 @@ def _padded_to_jagged_meta(padded: torch.Tensor, offsets: list[torch.Tensor], to
     return padded.new_empty((total_L, *padded.shape[2:]))
 
 
-_META = torch.library.Library("aten", "IMPL")
-if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_padded_dense_to_jagged_forward", "Meta"):
-    _META.impl("_padded_dense_to_jagged_forward", _padded_to_jagged_meta, "Meta")
+meta_where_missing("_padded_dense_to_jagged_forward", _padded_to_jagged_meta)

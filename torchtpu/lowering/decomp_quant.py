@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .decomp import register_own
+from .decomp import meta_where_missing, register_own
 
 aten = torch.ops.aten
 
@@ -240,7 +240,6 @@ def _learnable_per_channel_backward_meta(
     return torch.empty_like(x), x.new_empty(scale.shape), x.new_empty(scale.shape)
 
 
-_META = torch.library.Library("aten", "IMPL")
 for _name, _fn in (
     ("fake_quantize_per_tensor_affine_cachemask", _like_and_mask),
     ("_fake_quantize_per_tensor_affine_cachemask_tensor_qparams", _like_and_mask),
@@ -250,5 +249,4 @@ for _name, _fn in (
     ("_fake_quantize_learnable_per_tensor_affine_backward", _learnable_per_tensor_backward_meta),
     ("_fake_quantize_learnable_per_channel_affine_backward", _learnable_per_channel_backward_meta),
 ):
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_name}", "Meta"):
-        _META.impl(_name, _fn, "Meta")
+    meta_where_missing(_name, _fn)
