@@ -52,9 +52,10 @@ def _unpack(nt: torch.Tensor) -> list[torch.Tensor]:
     return [buffer.as_strided(size, stride, buffer.storage_offset() + o) for size, stride, o in zip(sizes, strides, offsets)]
 
 
-def _padded(rows: list[torch.Tensor], length: int, value: float = 0.0) -> torch.Tensor:
-    """[B, length, D]: each row padded at the end with ``value``."""
-    return torch.stack([torch.nn.functional.pad(r, (0, 0, 0, length - r.shape[0]), value=value) for r in rows])
+def _padded(parts: list[torch.Tensor], target: list[int], value: float = 0.0) -> torch.Tensor:
+    """[B, *target]: each component padded with ``value`` at the end of every dim."""
+    pads = [[x for d in reversed(range(len(target))) for x in (0, target[d] - p.shape[d])] for p in parts]
+    return torch.stack([torch.nn.functional.pad(p, pad, value=value) for p, pad in zip(parts, pads)])
 
 
 # -- the kernels --------------------------------------------------------------------------------
@@ -86,7 +87,7 @@ def _encoder_layer(src: torch.Tensor, *args: Any, mask: Any = None, mask_type: A
     padding = torch.arange(longest, device=src.device).unsqueeze(0) >= torch.tensor(
         [r.shape[0] for r in rows], device=src.device
     ).unsqueeze(1)
-    out = aten._transformer_encoder_layer_fwd.default(_padded(rows, longest), *args, mask=padding, mask_type=1)
+    out = aten._transformer_encoder_layer_fwd.default(_padded(rows, [longest, rows[0].shape[1]]), *args, mask=padding, mask_type=1)
     return _pack([out[b, : r.shape[0]] for b, r in enumerate(rows)])
 
 
@@ -100,8 +101,7 @@ def _to_padded_tensor(nt: torch.Tensor, padding: float, output_size: Any = None)
         target = [max((p.shape[d] for p in parts), default=0) for d in range(nt.dim() - 1)]
     if not parts:
         return torch.full([0, *target], padding, dtype=nt.dtype, device=nt.device)
-    pads = [[x for d in reversed(range(len(target))) for x in (0, target[d] - p.shape[d])] for p in parts]
-    return torch.stack([torch.nn.functional.pad(p, pad, value=padding) for p, pad in zip(parts, pads)])
+    return _padded(parts, target, padding)
 
 
 def _unbind(nt: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, ...]:
