@@ -7,6 +7,8 @@ import pytest
 import torch
 from utils import TPU, assert_close, check
 
+import torchtpu
+
 aten = torch.ops.aten
 def _r(*shape):
     return torch.randn(*shape).requires_grad_()
@@ -63,6 +65,30 @@ def test_index_put_bool_mask_static():
     rm = torch.tensor([True, False, True, True])
     check(lambda a, m, v: torch.index_put(a, (m,), v), x, rm, torch.randn(3, 5), grad=False)
     check(lambda a, m, v: torch.index_put(a, (m,), v), x, rm, torch.randn(5), grad=False)
+
+
+@pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
+def test_masked_assignment_needs_one_row_per_true_element(mode):
+    """``x[mask] = rows`` with as many rows as True elements (none included: the empty
+    ``mode[mask] = ...`` in ``Dirichlet.mode`` failed to compile), and the CPU's errors for
+    the wrong number of rows and for a masked_scatter source that is too short (before,
+    the last row filled the remaining positions silently)."""
+    x = torch.randn(4, 3)
+    none, some = torch.zeros(4, dtype=torch.bool), torch.tensor([True, False, True, True])
+    with torchtpu.eager_mode(mode):
+        for mask, rows in [(none, 0), (some, 3)]:
+            want, got, v = x.clone(), x.to(TPU), torch.randn(rows, 3)
+            want[mask] = v
+            got[mask.to(TPU)] = v.to(TPU)
+            assert_close(got, want)
+        for rows in [0, 2, 4]:
+            with pytest.raises(RuntimeError, match=rf"value tensor of shape \[{rows}, 3\] cannot be broadcast to indexing result of shape \[3, 3\]"):
+                got = x.to(TPU)
+                got[some.to(TPU)] = torch.ones(rows, 3).to(TPU)
+                got.cpu()
+        with pytest.raises(RuntimeError, match="Number of elements of source < number of ones in mask"):
+            torch.zeros(4).to(TPU).masked_scatter(some.to(TPU), torch.ones(2).to(TPU)).cpu()
+        assert_close(torch.zeros(4).to(TPU).masked_scatter(some.to(TPU), torch.arange(5.0).to(TPU)), torch.tensor([0.0, 0, 1, 2]))
 
 
 def test_index_with_bool_masks_eager():

@@ -483,6 +483,10 @@ def _index_put_mask(L: NodeLowering, x: Value, indices: Sequence[Value | None], 
     tail = x.shape[m.rank :]
     full_mask = b.broadcast_in_dim(m, x.shape, list(range(m.rank)))
     lead = values.shape[: values.rank - len(tail)] if values.rank > len(tail) else ()
+    if prod(lead) != 1:
+        _check_one_row_per_true(L, m, values.shape, tail)
+    if prod(lead) == 0:
+        return x
     if prod(lead) == 1:
         # one value row for every selected position
         vals = L.broadcast_to(b.reshape(values, tuple(values.shape[len(lead) :])) if lead else values, tail)
@@ -496,6 +500,24 @@ def _index_put_mask(L: NodeLowering, x: Value, indices: Sequence[Value | None], 
     if accumulate:
         return b.select(full_mask, b.binary("or" if x.dtype is torch.bool else "add", x, vals), x)
     return b.select(full_mask, vals, x)
+
+
+def _count_true(L: NodeLowering, m: Value) -> Value:
+    b = L.b
+    ones = L.to(m, torch.int64)
+    (n,) = b.reduce([ones], [L.zeros((), torch.int64)], list(range(m.rank)), lambda a, c: [b.binary("add", a, c)])
+    return n
+
+
+def _check_one_row_per_true(L: NodeLowering, m: Value, values_shape: Sequence[int], tail: Sequence[int]) -> None:
+    """``x[mask] = values`` with more than one value row needs exactly one row per True
+    element, which is only known on the device: checked there, as the CPU checks it (its
+    message names the count); without it, rows would be repeated or dropped silently."""
+    rows = values_shape[len(values_shape) - len(tail) - 1]
+    count = _count_true(L, m)
+    shape = ", ".join(["{}", *map(str, tail)])
+    message = f"shape mismatch: value tensor of shape {list(values_shape)} cannot be broadcast to indexing result of shape [{shape}]"
+    L.check(L.b.compare(count, L.full(rows, (), torch.int64), "NE"), message, values=[count])
 
 
 def _clamp(L: NodeLowering, i: Value, hi: int) -> Value:
@@ -521,7 +543,13 @@ def masked_scatter(L: NodeLowering, x: Value, mask: Value, source: Value) -> Val
     m = L.broadcast_to(L.to(mask, torch.bool), out)
     n = prod(out)
     ns = prod(source.shape)
-    if n == 0 or ns == 0:
+    if n == 0:
+        return x
+    # the CPU refuses a source shorter than the mask's True count; without the check the
+    # last source element would fill the rest
+    too_few = b.compare(_count_true(L, m), L.full(ns, (), torch.int64), "GT")
+    L.check(too_few, "Number of elements of source < number of ones in mask")
+    if ns == 0:
         return x
     flat_src = b.reshape(L.to(source, x.dtype), (ns,))
     pos = _exclusive_cumsum(L, b.reshape(m, (n,)))
