@@ -95,6 +95,36 @@ def test_memory_stats_track_live_storages():
     assert torch.tpu.max_memory_allocated() == base
 
 
+@pytest.mark.skipif(not _registration.NATIVE_HOOKS, reason="torch.accelerator reads the allocator entry of csrc/hooks.cpp")
+def test_accelerator_memory_functions_read_the_device():
+    """torch.accelerator's memory functions (PyTorch's device-generic API) gave an internal
+    assert ("Allocator for tpu is not a DeviceAllocator") and PyTorch's C++ storage
+    constructor for a tpu storage crashed the process."""
+    torch.tpu.synchronize()
+    base = torch.accelerator.memory_allocated()
+    torch.accelerator.reset_peak_memory_stats()
+    torch.accelerator.reset_accumulated_memory_stats()
+    x = torch.ones(1024, 256, device="tpu")
+    y = x * 2
+    assert torch.accelerator.memory_allocated() - base == 2 * 2**20 == torch.tpu.memory_allocated() - base
+    stats = torch.accelerator.memory_stats()
+    assert stats["allocation.all.allocated"] == 2 and stats["allocation.all.freed"] == 0
+    assert stats["allocation.all.current"] == torch.tpu.memory_stats()["allocation.all.current"]
+    del x, y
+    assert torch.accelerator.memory_allocated() == base
+    assert torch.accelerator.max_memory_allocated() - base == 2 * 2**20
+    assert torch.accelerator.memory_stats()["allocation.all.freed"] == 2
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == base
+    torch.accelerator.empty_cache()
+    free, total = torch.accelerator.get_memory_info()
+    assert (free, total) == pytest.approx(torch.tpu.mem_get_info(), rel=0.05) and 0 < free <= total
+    assert total == torch.tpu.get_device_properties().total_memory
+    assert "Allocated memory" in torch.tpu.memory_summary()
+    with pytest.raises(RuntimeError, match="not allocated through PyTorch's allocator"):
+        torch._C.StorageBase.__new__(torch.UntypedStorage, 8, device="tpu")
+
+
 def test_synchronize_waits_for_results():
     x = torch.randn(256, 256, device="tpu")
     y = x @ x

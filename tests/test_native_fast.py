@@ -42,11 +42,11 @@ def test_the_fast_paths_are_built_where_a_compiler_is() -> None:
 
 @pytest.mark.skipif(memory._counters is None, reason="torchtpu was installed without its C memory counters")
 def test_the_memory_counters_count_as_the_python_twins(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same allocations, frees and peak resets through the C counters and through
+    """The same allocations, frees, peak and count resets through the C counters and through
     their Python twins (counting from the same state) end in the same counts."""
     before = memory._counters.snapshot()
     monkeypatch.setattr(memory, "_stats", dict(before))
-    events = [("allocated", 4096), ("allocated", 100), ("freed", 4096), ("reset_peak", None), ("allocated", 7), ("freed", 107)]
+    events = [("allocated", 4096), ("allocated", 100), ("freed", 4096), ("reset_peak", None), ("allocated", 7), ("reset_accumulated", None), ("freed", 107)]
     for name, n in events:
         for fn in (getattr(memory._counters, name), getattr(memory, f"_py_{name}")):
             fn() if n is None else fn(n)

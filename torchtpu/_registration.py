@@ -216,15 +216,16 @@ def _patch_storage_pickle() -> None:
 
 def _install_native_hooks() -> bool:
     """Register the C++ hooks (torchtpu/csrc/hooks.cpp: tpu generators, pinned host memory,
-    the device guard) when the extension was built; False when it was not (Python hooks and
+    the allocator entry behind torch.accelerator's memory functions, the device guard) when the extension was built; False when it was not (Python hooks and
     guard objects then)."""
     try:
         from . import _hooks  # type: ignore[attr-defined]
     except ImportError:
         return False
+    from . import device
     from .device import streams
 
-    _hooks.install(streams)
+    _hooks.install(streams, device)
     return True
 
 

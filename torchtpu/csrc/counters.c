@@ -15,12 +15,14 @@ static long long allocated_bytes = 0;
 static long long peak_bytes = 0;
 static long long num_allocs = 0;
 static long long num_frees = 0;
+static long long num_live = 0;  // num_allocs - num_frees until reset_accumulated zeroes both
 
 static PyObject* allocated(PyObject* self, PyObject* nbytes) {
   long long n = PyLong_AsLongLong(nbytes);
   if (n == -1 && PyErr_Occurred()) return NULL;
   allocated_bytes += n;
   num_allocs += 1;
+  num_live += 1;
   if (allocated_bytes > peak_bytes) peak_bytes = allocated_bytes;
   Py_RETURN_NONE;
 }
@@ -30,6 +32,7 @@ static PyObject* freed(PyObject* self, PyObject* nbytes) {
   if (n == -1 && PyErr_Occurred()) return NULL;
   allocated_bytes -= n;
   num_frees += 1;
+  num_live -= 1;
   Py_RETURN_NONE;
 }
 
@@ -42,9 +45,14 @@ static PyObject* reset_peak(PyObject* self, PyObject* unused) {
   Py_RETURN_NONE;
 }
 
+static PyObject* reset_accumulated(PyObject* self, PyObject* unused) {
+  num_allocs = 0;
+  num_frees = 0;
+  Py_RETURN_NONE;
+}
 static PyObject* snapshot(PyObject* self, PyObject* unused) {
-  return Py_BuildValue("{s:L,s:L,s:L,s:L}", "allocated_bytes", allocated_bytes, "peak_bytes", peak_bytes, "num_allocs",
-                       num_allocs, "num_frees", num_frees);
+  return Py_BuildValue("{s:L,s:L,s:L,s:L,s:L}", "allocated_bytes", allocated_bytes, "peak_bytes", peak_bytes,
+                       "num_allocs", num_allocs, "num_frees", num_frees, "num_live", num_live);
 }
 
 static PyMethodDef methods[] = {
@@ -53,6 +61,7 @@ static PyMethodDef methods[] = {
     {"current", current, METH_NOARGS, "The bytes held now."},
     {"peak", peak, METH_NOARGS, "The most bytes held since the last reset_peak()."},
     {"reset_peak", reset_peak, METH_NOARGS, "Start the peak from the bytes held now."},
+    {"reset_accumulated", reset_accumulated, METH_NOARGS, "Zero the counts of allocations and frees so far."},
     {"snapshot", snapshot, METH_NOARGS, "All counters as a dict."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,6 +1,7 @@
 // The tpu device's C++ hooks: what PyTorch asks a backend's PrivateUse1HooksInterface for
 // and a Python hooks object cannot give -- a generator per `torch.Generator("tpu")` and a
-// pinned host allocator (`pin_memory=True`, `Tensor.pin_memory()`, `is_pinned()`) -- and
+// pinned host allocator (`pin_memory=True`, `Tensor.pin_memory()`, `is_pinned()`) -- its
+// entry in the allocator registry, which `torch.accelerator`'s memory functions read, and
 // its device guard, which the Python one (torch._C._acc.DeviceGuard) answers by calling into
 // Python for the device type on every use: the autograd engine and the dispatcher ask it
 // about 150 times per minGPT training step.
@@ -15,12 +16,14 @@
 #include <ATen/core/Generator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <mutex>
@@ -174,10 +177,14 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
 // reach the device only through the guard. Set by install(); a strong reference.
 PyObject* g_streams = nullptr;
 
-// Call `g_streams.<name>(args)`, the GIL held; a Python exception becomes a C++ one with
+// torchtpu.device (torch.tpu), whose memory functions the allocator entry answers with.
+// Set by install(); a strong reference.
+PyObject* g_device = nullptr;
+
+// Call `target.<name>(args)`, the GIL held; a Python exception becomes a C++ one with
 // its type and message, which PyTorch's binding raises as a RuntimeError.
-PyObject* callStreams(const char* name, PyObject* args) {
-  PyObject* fn = PyObject_GetAttrString(g_streams, name);
+PyObject* callPython(PyObject* target, const char* name, PyObject* args) {
+  PyObject* fn = PyObject_GetAttrString(target, name);
   PyObject* result = fn == nullptr ? nullptr : PyObject_CallObject(fn, args);
   Py_XDECREF(fn);
   if (result == nullptr) {
@@ -202,10 +209,10 @@ PyObject* callStreams(const char* name, PyObject* args) {
   return result;
 }
 
-// `g_streams.<name>(*args)` under the GIL, its result read by `read` (which may not
-// throw). The arguments are borrowed; the tuple is built once the GIL is held.
+// `target.<name>(*args)` under the GIL, its result read by `read` (which may not throw).
+// The arguments are borrowed; the tuple is built once the GIL is held.
 template <typename T, typename Read>
-T withStreams(const char* name, std::initializer_list<PyObject*> args, Read read) {
+T withPython(PyObject* target, const char* name, std::initializer_list<PyObject*> args, Read read) {
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(args.size()));
   Py_ssize_t i = 0;
@@ -214,7 +221,7 @@ T withStreams(const char* name, std::initializer_list<PyObject*> args, Read read
     PyTuple_SET_ITEM(tuple, i++, arg);
   }
   try {
-    PyObject* result = callStreams(name, tuple);
+    PyObject* result = callPython(target, name, tuple);
     T value = read(result);
     Py_DECREF(result);
     Py_DECREF(tuple);
@@ -227,7 +234,67 @@ T withStreams(const char* name, std::initializer_list<PyObject*> args, Read read
   }
 }
 
+template <typename T, typename Read>
+T withStreams(const char* name, std::initializer_list<PyObject*> args, Read read) {
+  return withPython<T>(g_streams, name, args, read);
+}
+
 bool truthy(PyObject* o) { return PyObject_IsTrue(o) == 1; }
+
+int64_t statOf(PyObject* stats, const char* key) {
+  PyObject* value = PyDict_GetItemString(stats, key);  // borrowed; absent reads as 0
+  return value == nullptr ? 0 : PyLong_AsLongLong(value);
+}
+
+// The tpu device's entry in PyTorch's allocator registry. Device buffers are not
+// allocated through it: a storage's buffer is made by the program that writes it and
+// freed with the storage (torchtpu/tensor/storage.py), so `allocate` refuses with what to
+// do -- without an entry, a C++ path that allocates for the tpu device crashed the
+// process. What it answers is the statistics behind `torch.accelerator.memory_allocated`,
+// `memory_stats`, `reset_peak_memory_stats`, `empty_cache` and `get_memory_info`, read
+// from torch.tpu's functions of the same meaning (CUDA's allocator answers them itself).
+struct TpuDeviceAllocator final : public c10::DeviceAllocator {
+  c10::DataPtr allocate(size_t) override { refuse(); }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void*, const void*, std::size_t) const override { refuse(); }
+
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override { call("empty_cache"); }
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}  // one in-order queue
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex) override {
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    withPython<bool>(g_device, "memory_stats", {}, [&stats](PyObject* d) {
+      auto& count = stats.allocation[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+      count.current = statOf(d, "allocation.all.current");
+      count.allocated = statOf(d, "allocation.all.allocated");
+      count.freed = statOf(d, "allocation.all.freed");
+      for (auto* bytes : {&stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes}) {
+        auto& all = (*bytes)[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+        all.current = statOf(d, "allocated_bytes.all.current");
+        all.peak = statOf(d, "allocated_bytes.all.peak");
+      }
+      return true;
+    });
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex) override { call("reset_accumulated_memory_stats"); }
+  void resetPeakStats(c10::DeviceIndex) override { call("reset_peak_memory_stats"); }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex) override {
+    return withPython<std::pair<size_t, size_t>>(g_device, "mem_get_info", {}, [](PyObject* r) {
+      return std::pair<size_t, size_t>(PyLong_AsSize_t(PyTuple_GetItem(r, 0)), PyLong_AsSize_t(PyTuple_GetItem(r, 1)));
+    });
+  }
+
+ private:
+  [[noreturn]] static void refuse() {
+    TORCH_CHECK(false,
+                "tpu device memory is not allocated through PyTorch's allocator: make tpu tensors with a factory "
+                "(torch.empty(..., device='tpu')) or .to('tpu')");
+  }
+  static void call(const char* name) {
+    withPython<bool>(g_device, name, {}, [](PyObject*) { return true; });
+  }
+};
 
 // The device guard. One device, one in-order queue: every stream is the default stream
 // and blocking a stream on an event has nothing to order. An event is a
@@ -286,12 +353,19 @@ struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
   static c10::Stream defaultStream() { return c10::Stream(c10::Stream::DEFAULT, c10::Device(kType, 0)); }
 };
 
-PyObject* install(PyObject*, PyObject* streams) {
+PyObject* install(PyObject*, PyObject* args) {
+  PyObject *streams = nullptr, *device = nullptr;
+  if (!PyArg_ParseTuple(args, "OO", &streams, &device)) return nullptr;
   try {
     Py_INCREF(streams);
     Py_XDECREF(g_streams);
     g_streams = streams;
+    Py_INCREF(device);
+    Py_XDECREF(g_device);
+    g_device = device;
     at::RegisterPrivateUse1HooksInterface(new TpuHooks());
+    static TpuDeviceAllocator allocator;
+    c10::SetAllocator(c10::DeviceType::PrivateUse1, &allocator, std::numeric_limits<uint8_t>::max());
     if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::PrivateUse1)) {
       static TpuGuard guard;
       c10::impl::registerDeviceGuard(c10::DeviceType::PrivateUse1, &guard);
@@ -304,9 +378,10 @@ PyObject* install(PyObject*, PyObject* streams) {
 }
 
 PyMethodDef methods[] = {
-    {"install", install, METH_O,
-     "install(streams): register the tpu device's C++ hooks and device guard (once, before any Python ones); "
-     "the guard asks the module `streams` (torchtpu.device.streams) about events and the device's queue."},
+    {"install", install, METH_VARARGS,
+     "install(streams, device): register the tpu device's C++ hooks, allocator entry and device guard (once, "
+     "before any Python ones); the guard asks the module `streams` (torchtpu.device.streams) about events and "
+     "the device's queue, the allocator entry asks `device` (torchtpu.device) for its memory statistics."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -7,7 +7,7 @@ one process per device under torchrun.
 from __future__ import annotations
 
 import types
-from collections import namedtuple
+from collections import OrderedDict, namedtuple
 from typing import Any
 
 import torch
@@ -126,12 +126,7 @@ def get_device_name(device: Any = None) -> str:
 def get_device_properties(device: Any = None) -> _DeviceProperties:
     _index(device)
     rt = _pjrt.get()
-    total = 0
-    try:
-        total = int(rt.device.memory_stats().get("bytes_limit", 0))
-    except Exception:  # noqa: BLE001 - the cpu client has no memory stats
-        total = 0
-    return _DeviceProperties(rt.device_name(), rt.platform, "tpu", total, rt.supports_f64)
+    return _DeviceProperties(rt.device_name(), rt.platform, "tpu", rt.memory_info().total, rt.supports_f64)
 
 
 def get_device_capability(device: Any = None) -> tuple[int, int]:
@@ -231,18 +226,52 @@ def max_memory_reserved(device: Any = None) -> int:
     return max_memory_allocated(device)
 
 
-def memory_stats(device: Any = None) -> dict[str, int]:
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Zero the counts of allocations and frees (``allocation.all.allocated``/``freed``)."""
+    _index(device)
+    _memory.reset_accumulated()
+
+
+def memory_stats(device: Any = None) -> OrderedDict[str, int]:
+    """CUDA's statistics where the tpu device has them, sorted by name as CUDA's are.
+    Device buffers are allocated one per storage and freed with it, so reserved and active
+    memory are the allocated memory."""
     _index(device)
     s = _memory.snapshot()
-    return {
-        "allocated_bytes.all.current": s["allocated_bytes"],
-        "allocated_bytes.all.peak": s["peak_bytes"],
+    stats = {
         "allocation.all.allocated": s["num_allocs"],
         "allocation.all.freed": s["num_frees"],
-        "allocation.all.current": s["num_allocs"] - s["num_frees"],
-        "reserved_bytes.all.current": s["allocated_bytes"],
-        "reserved_bytes.all.peak": s["peak_bytes"],
+        "allocation.all.current": s["num_live"],
     }
+    for name in ("allocated_bytes", "reserved_bytes", "active_bytes"):
+        stats[f"{name}.all.current"] = s["allocated_bytes"]
+        stats[f"{name}.all.peak"] = s["peak_bytes"]
+    return OrderedDict(sorted(stats.items()))
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """``(free, total)`` bytes of the device, as ``torch.cuda.mem_get_info`` (on the cpu
+    platform, the host's available and physical memory)."""
+    _index(device)
+    return tuple(_pjrt.get().memory_info())  # type: ignore[return-value]
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A short table of the memory statistics (CUDA's lists its allocator's pools too)."""
+    stats = memory_stats(device)
+    free, total = mem_get_info(device)
+    rows = {
+        "Allocated memory": _mib(stats["allocated_bytes.all.current"]),
+        "Peak allocated memory": _mib(stats["allocated_bytes.all.peak"]),
+        "Live device buffers": str(stats["allocation.all.current"]),
+        "Device memory free": _mib(free),
+        "Device memory total": _mib(total),
+    }
+    return "".join(f"{name:<24}{value:>16}\n" for name, value in rows.items())
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
 
 
 def empty_cache() -> None:

@@ -49,6 +49,24 @@ def _host_view(buf: Buffer) -> np.ndarray | None:
     return arr
 
 
+class MemoryInfo(NamedTuple):
+    free: int
+    total: int
+
+
+def _host_memory_info() -> MemoryInfo:
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = os.sysconf("SC_PHYS_PAGES") * page
+    free = os.sysconf("SC_AVPHYS_PAGES") * page  # MemFree: where /proc/meminfo is not there
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        free = int(fields["MemAvailable"].split()[0]) * 1024  # what can be had without swapping
+    except (OSError, KeyError, ValueError):
+        pass
+    return MemoryInfo(free, total)
+
+
 class Launched(NamedTuple):
     """One enqueued execution: its output buffers, and what ``Runtime.wait`` waits on for it
     (a PjRt token: it holds no buffer, so it keeps no result alive or shared)."""
@@ -184,6 +202,16 @@ class Runtime:
     def device_name(self) -> str:
         kind = getattr(self.device, "device_kind", "") or self.platform
         return f"{kind} (XLA {self.platform} via PjRT)"
+
+    def memory_info(self) -> MemoryInfo:
+        """The device's free and total bytes: its allocator's limit and use where PjRT
+        reports them (GPU, TPU); on the cpu platform, whose device memory is the host's,
+        the host's available and physical memory."""
+        stats = self.device.memory_stats()
+        if stats and "bytes_limit" in stats:
+            total = int(stats["bytes_limit"])
+            return MemoryInfo(total - int(stats.get("bytes_in_use", 0)), total)
+        return _host_memory_info()
 
     # -- transfers --------------------------------------------------------------
     def _aval(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
