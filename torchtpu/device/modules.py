@@ -122,6 +122,8 @@ def _install_apply_wrapper() -> None:
         converted = _Precomputed(fn, params)
         if not converted.crosses_tpu():
             return original_apply(self, converted, recurse=False)
+        if isinstance(self, torch.jit.ScriptModule):
+            return _apply_to_script_module(self, converted)
         try:
             with _swap_params(True):
                 original_apply(self, converted, recurse=False)
@@ -144,6 +146,25 @@ def _install_apply_wrapper() -> None:
     _apply._torchtpu = True  # type: ignore[attr-defined]
     _apply.__doc__ = original_apply.__doc__
     nn.Module._apply = _apply  # type: ignore[method-assign]
+
+
+def _apply_to_script_module(module: torch.jit.ScriptModule, fn: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
+    """A TorchScript module's parameters are attributes of its C++ object, which neither a
+    swap (the object holds a second reference) nor a new Parameter (``_apply`` asserts a
+    loaded module's plain tensors are Parameters) can replace: assign each converted tensor
+    to its attribute, as ``param.data = new`` does for a move to CUDA."""
+    for key, param in list(module._parameters.items()):
+        if param is None:
+            continue
+        with torch.no_grad():
+            new = fn(param).requires_grad_(param.requires_grad)
+            if param.grad is not None:
+                new.grad = fn(param.grad)
+        module._parameters[key] = new
+    for key, buf in list(module._buffers.items()):
+        if buf is not None:
+            module._buffers[key] = fn(buf)
+    return module
 
 
 def install() -> None:

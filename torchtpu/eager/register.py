@@ -112,6 +112,46 @@ def register_runtime_kernels() -> None:
     _libs.extend([lib, fb, autocast, sparse])
 
 
+_tracing_state = torch._C._get_tracing_state
+
+
+def _run_untraced(run: Any, op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    """``run`` with TorchScript's tracer paused: it has recorded the op already, and while
+    it is on, every size read in Python is a traced tensor (``torch.jit.trace`` of a conv
+    failed in the meta function's shape check: "cond must be a bool, but got a Tensor")."""
+    state = _tracing_state()
+    torch._C._set_tracing_state(None)
+    try:
+        return run(op, args, kwargs)
+    finally:
+        torch._C._set_tracing_state(state)
+
+
+_CONVOLUTION = torch.ops.aten.convolution.default
+
+
+def _convolution_as_traced(*args: Any, **kwargs: Any) -> Any:
+    """TorchScript's tracer records no node for ``aten::convolution``: it records the
+    ``aten::_convolution`` that convolution's generic kernel calls on the CPU and CUDA. The
+    tpu kernel runs convolution whole, so while tracing take the generic route, whose
+    device-specific end, ``convolution_overrideable``, runs ours (without it a traced conv
+    output was unknown to the trace: "Cannot insert a Tensor that requires grad as a
+    constant")."""
+    x, weight, bias, stride, padding, dilation, transposed, output_padding, groups = args
+    cudnn = torch.backends.cudnn
+    deterministic = cudnn.deterministic or torch.are_deterministic_algorithms_enabled()
+    return torch.ops.aten._convolution(
+        x, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+        cudnn.benchmark, deterministic, cudnn.enabled, cudnn.allow_tf32,
+    )  # fmt: skip
+
+
+def _convolution_overrideable(*args: Any) -> Any:
+    from .dispatch import run
+
+    return _run_untraced(run, _CONVOLUTION, args, {})
+
+
 def _make_kernel(op: torch._ops.OpOverload) -> Any:
     from ..runner.checks import TpuAsyncError
     from .cpu_errors import raise_as_cpu
@@ -119,6 +159,10 @@ def _make_kernel(op: torch._ops.OpOverload) -> Any:
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         try:
+            if _tracing_state() is not None:
+                if op is _CONVOLUTION:
+                    return _convolution_as_traced(*args, **kwargs)
+                return _run_untraced(run, op, args, kwargs)
             return run(op, args, kwargs)
         except (NotImplementedError, TpuAsyncError):
             raise  # a missing lowering (our message says what to do); an earlier op's device-side check
@@ -255,6 +299,8 @@ def ensure_op_kernels() -> None:
             for op in supported_ops():
                 lib.impl(op, _make_kernel(op), "PrivateUse1")
                 REGISTERED_OPS.add(op)
+            if torch.ops.aten.convolution_overrideable.default not in REGISTERED_OPS:
+                lib.impl("convolution_overrideable", _convolution_overrideable, "PrivateUse1")  # the traced route
             for name, fn in _REMAPS.items():
                 lib.impl(name, fn, "PrivateUse1")
                 REGISTERED_OPS.add(getattr(torch.ops.aten, name).default)
