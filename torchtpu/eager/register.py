@@ -66,6 +66,17 @@ def _sparse_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     raise sparse_not_supported(op.name() if hasattr(op, "name") else str(op))
 
 
+def _quantized_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Every op on (or creating) a quantized tpu tensor (``torch.quantize_per_tensor``'s
+    qint8/quint8/qint32 layouts, which CUDA has only for a few ops either): our message, not
+    the dispatcher's 'Could not run ... from the Quantizedtpu backend'."""
+    name = op.name() if hasattr(op, "name") else str(op)
+    raise NotImplementedError(
+        f"torchtpu: quantized tensors are not supported on the tpu device (in {name}). Dequantize with "
+        ".dequantize() before moving the tensor to tpu, or keep the quantized computation on the CPU."
+    )
+
+
 def _strided_nested_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     """Every op on a strided nested tpu tensor without a kernel of its own (eager/nested.py
     has the transformer fast path's and to_padded_tensor): a message that names the layout
@@ -109,6 +120,7 @@ def register_runtime_kernels() -> None:
     for key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
         sparse.fallback(_sparse_fallback, key)
     sparse.fallback(_strided_nested_fallback, "NestedTensorPrivateUse1")
+    sparse.fallback(_quantized_fallback, "QuantizedPrivateUse1")
     _libs.extend([lib, fb, autocast, sparse])
 
 

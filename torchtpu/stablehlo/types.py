@@ -50,7 +50,10 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
 
 def host_numpy(t: torch.Tensor) -> np.ndarray:
     """The numpy array over a CPU tensor's values, in the dtype ``numpy_dtype`` gives
-    (``Tensor.numpy()`` refuses bfloat16, which numpy knows only through ml_dtypes)."""
+    (``Tensor.numpy()`` refuses bfloat16, which numpy knows only through ml_dtypes). A dtype
+    the device does not have gets element_type's error, not numpy's "Got unsupported
+    ScalarType"."""
+    element_type(t.dtype)
     if t.dtype is torch.bfloat16:
         return t.view(torch.int16).numpy().view(numpy_dtype(torch.bfloat16))
     return t.numpy()
