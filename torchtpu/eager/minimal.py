@@ -14,7 +14,7 @@ from .. import _spans, metrics, op_report
 from ..lowering.strided import contiguous_strides, dense_order, storage_extent, storage_param
 from ..runner import checks
 from ..runtime import pjrt
-from ..stablehlo.types import host_numpy, numpy_dtype
+from ..stablehlo.types import host_numpy, numpy_dtype, torch_from_host
 from ..tensor.storage import _CPU_KEYSET, Cell, _set_storage, attach, cell_of, new_tensor
 
 aten = torch.ops.aten
@@ -144,9 +144,7 @@ def _to_cpu(t: torch.Tensor, reason: str) -> torch.Tensor:
         np.negative(arr, out=arr)
     metrics.add("d2h_bytes", arr.nbytes)
     metrics.add("d2h_transfers")
-    if t.dtype is torch.bfloat16:
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(arr)
+    return torch_from_host(arr, t.dtype)
 
 
 def _host_values(t: torch.Tensor, cell: Cell) -> np.ndarray:

@@ -28,10 +28,11 @@ from ..runner.bounded import BoundedCache
 from . import cpu_errors
 from .plan import KIND_TENSOR, OpPlan
 
-# every value in [-FITS_EVERY_FLOAT, FITS_EVERY_FLOAT] fits every floating dtype (float16's
-# max), every integer in [-128, 127] every integer dtype the CPU checks (int8; uint8 takes -1
+# every value in [-FITS_EVERY_FLOAT, FITS_EVERY_FLOAT] fits every floating dtype (the max of
+# float8_e4m3fnuz, the narrowest; torch.full(..., 500.0, dtype=torch.float8_e4m3fn) is the
+# CPU's overflow error), every integer in [-128, 127] every integer dtype the CPU checks (int8; uint8 takes -1
 # as 255, as the CPU's conversion does)
-FITS_EVERY_FLOAT = 65504.0
+FITS_EVERY_FLOAT = 240.0
 _ACCEPTED = BoundedCache("scalar arguments the CPU accepted", limit=4096)
 
 

@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import CheckMessage, not_implemented
 from ..stablehlo.builder import Builder, Value
-from ..stablehlo.types import is_complex, is_float
+from ..stablehlo.types import FLOAT8, is_complex, is_float
 from . import registry
 
 if TYPE_CHECKING:  # lowering/collectives.py is a sibling that rules import; no cycle at run time
@@ -177,7 +177,23 @@ class NodeLowering:
             x = self.b.op1("stablehlo.real", [x], x.shape, torch.float32 if x.dtype is torch.complex64 else torch.float64)
         if dtype in _CPU_CAST_VIA and is_float(x.dtype):
             return self._float_to_int(x, dtype)
+        if dtype is torch.float8_e4m3fn:
+            return self.b.convert(self._saturated_for_e4m3fn(x), dtype)
         return self.b.convert(x, dtype)
+
+    def _saturated_for_e4m3fn(self, x: Value) -> Value:
+        """``x`` with its magnitudes above float8_e4m3fn's largest, 448, made 448: PyTorch's
+        conversion (c10's, on the CPU and CUDA alike) saturates finite overflow and
+        infinity, where XLA's gives NaN (the type has no infinity). NaN stays NaN (it
+        compares false both ways)."""
+        b = self.b
+        if x.dtype in (torch.bool, torch.int8, torch.uint8, torch.float8_e4m3fn):
+            return x  # nothing out of range
+        if x.dtype in FLOAT8:
+            x = b.convert(x, torch.float32)  # exact
+        top, bottom = self.full(448, x.shape, x.dtype), self.full(-448, x.shape, x.dtype)
+        x = b.select(b.compare(x, top, "GT"), top, x)
+        return b.select(b.compare(x, bottom, "LT"), bottom, x)
 
     def _float_to_int(self, x: Value, dtype: torch.dtype) -> Value:
         """A float converted to an integer type as the CPU converts it: out of the type's
@@ -189,8 +205,11 @@ class NodeLowering:
         conversion."""
         via = _CPU_CAST_VIA[dtype]
         b = self.b
-        if x.dtype in (torch.float16, torch.bfloat16):
+        nan_is_zero = x.dtype in (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)  # their NaN, 0x80, reads as -0
+        if x.dtype.itemsize <= 2:  # float16, bfloat16, the float8 types
             x = b.convert(x, torch.float32)  # exact
+        if nan_is_zero:
+            x = b.select(b.compare(x, x, "NE"), self.full(0.0, x.shape, x.dtype), x)
         low, high = (-(2.0**63), 2.0**63) if via is torch.int64 else (-(2.0**31), 2.0**31)
         in_range = b.binary(
             "and",

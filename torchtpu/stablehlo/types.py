@@ -23,7 +23,14 @@ _TABLE: dict[torch.dtype, tuple[str, np.dtype]] = {
     torch.bool: ("i1", np.dtype(np.bool_)),
     torch.complex64: ("complex<f32>", np.dtype(np.complex64)),
     torch.complex128: ("complex<f64>", np.dtype(np.complex128)),
+    torch.float8_e4m3fn: ("f8E4M3FN", np.dtype(ml_dtypes.float8_e4m3fn)),
+    torch.float8_e5m2: ("f8E5M2", np.dtype(ml_dtypes.float8_e5m2)),
+    torch.float8_e4m3fnuz: ("f8E4M3FNUZ", np.dtype(ml_dtypes.float8_e4m3fnuz)),
+    torch.float8_e5m2fnuz: ("f8E5M2FNUZ", np.dtype(ml_dtypes.float8_e5m2fnuz)),
 }
+# torch.float8_e8m0fnu (MX block scales) is left out: XLA's cpu client converted every
+# value to it as NaN
+FLOAT8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz})
 _FROM_NUMPY = {np_dt: t for t, (_, np_dt) in _TABLE.items()}
 
 SUPPORTED_DTYPES = frozenset(_TABLE)
@@ -56,7 +63,20 @@ def host_numpy(t: torch.Tensor) -> np.ndarray:
     element_type(t.dtype)
     if t.dtype is torch.bfloat16:
         return t.view(torch.int16).numpy().view(numpy_dtype(torch.bfloat16))
+    if t.dtype in FLOAT8:
+        return t.view(torch.uint8).numpy().view(numpy_dtype(t.dtype))
     return t.numpy()
+
+
+def torch_from_host(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """The CPU tensor of ``dtype`` over ``arr`` (in ``numpy_dtype(dtype)``): host_numpy's
+    inverse, through a same-width integer view where torch.from_numpy does not know
+    ml_dtypes' types."""
+    if dtype is torch.bfloat16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    if dtype in FLOAT8:
+        return torch.from_numpy(arr.view(np.uint8)).view(dtype)
+    return torch.from_numpy(arr)
 
 
 def torch_dtype(np_dtype: np.dtype) -> torch.dtype:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ...stablehlo.builder import Value
+from ...stablehlo.types import FLOAT8
 from ..context import NodeLowering
 from ..registry import register, register_meta
 
@@ -26,6 +27,8 @@ def dot_acc(L: NodeLowering, lhs: Value, rhs: Value, lc: list[int], rc: list[int
     """dot_general with the program's precision, left in its accumulation dtype: 16-bit
     inputs accumulate in f32 (XLA CPU's bf16-result dot is 2x slower, and f32
     accumulation is what PyTorch does), so that a bias can be added before rounding."""
+    if lhs.dtype in FLOAT8 or rhs.dtype in FLOAT8:  # exact in float32, which accumulates (as on the CPU)
+        lhs, rhs = L.to(lhs, torch.float32), L.to(rhs, torch.float32)
     if lhs.dtype != rhs.dtype:
         common = torch.promote_types(lhs.dtype, rhs.dtype)
         lhs, rhs = L.to(lhs, common), L.to(rhs, common)
@@ -73,6 +76,33 @@ def _beta_alpha(L: NodeLowering, base: Value | None, prod: Value, beta: Any, alp
 @register(aten.mm.default)
 def mm(L: NodeLowering, a: Value, b: Value) -> Value:
     return dot(L, a, b, [1], [0])
+
+
+@register(aten._scaled_mm.default)
+def scaled_mm(
+    L: NodeLowering,
+    a: Value,
+    b: Value,
+    scale_a: Value,
+    scale_b: Value,
+    bias: Value | None = None,
+    scale_result: Value | None = None,
+    out_dtype: torch.dtype | None = None,
+    use_fast_accum: bool = False,
+) -> Value:
+    """A float8 product as the CPU computes it: each input in float32 times its scale (one
+    per tensor, or, as CUDA's rowwise scaling, one per row of ``a`` and per column of
+    ``b``), a float32 product, plus the bias, rounded to ``out_dtype``. ``scale_result``
+    scales the result first (float8 outputs); ``use_fast_accum`` is a CUDA speed hint."""
+    bld, f32 = L.b, torch.float32
+    a = bld.binary("multiply", L.to(a, f32), L.broadcast_to(L.to(scale_a, f32), a.shape))
+    b = bld.binary("multiply", L.to(b, f32), L.broadcast_to(L.to(scale_b, f32), b.shape))
+    prod = dot_acc(L, a, b, [1], [0])
+    if bias is not None:
+        prod = bld.binary("add", prod, L.broadcast_to(L.to(bias, f32), prod.shape))
+    if scale_result is not None:
+        prod = bld.binary("multiply", prod, L.broadcast_to(L.to(scale_result, f32), prod.shape))
+    return L.to(prod, L.out[0].dtype)
 
 
 @register(aten.bmm.default)
