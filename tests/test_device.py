@@ -297,3 +297,53 @@ def test_event_timing_errors_like_cuda(kind: str):
     plain.record()
     with pytest.raises(TIMING_ERRORS[kind], match="enable_timing=True"):
         start.elapsed_time(plain)
+
+
+def test_cuda_style_amp_spellings():
+    """Code ported from CUDA by renaming the device: ``torch.tpu.amp.autocast()``,
+    ``GradScaler()``, ``custom_fwd``/``custom_bwd`` (deprecated aliases, as CUDA's are)."""
+    a = torch.ones(2, 2, device="tpu")
+    with pytest.warns(FutureWarning, match=r"torch\.amp\.autocast\('tpu'"):
+        with torch.tpu.amp.autocast():
+            assert (a @ a).dtype == torch.bfloat16
+    with pytest.warns(FutureWarning):
+        with torch.tpu.amp.autocast(dtype=torch.float16):
+            assert (a @ a).dtype == torch.float16
+    with pytest.warns(FutureWarning, match=r"torch\.amp\.GradScaler\('tpu'"):
+        scaler = torch.tpu.amp.GradScaler(init_scale=8.0)
+    assert scaler.scale(torch.ones(1, device="tpu")).item() == 8.0
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        @torch.tpu.amp.custom_fwd(cast_inputs=torch.float32)
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        @torch.tpu.amp.custom_bwd
+        def backward(ctx, g):
+            return g * 2
+
+    with torch.autocast("tpu"):
+        assert Double.apply(torch.ones(2, device="tpu", dtype=torch.bfloat16)).dtype == torch.float32
+
+
+def test_tpu_streams_are_torch_streams():
+    """``t.record_stream(torch.tpu.current_stream())`` (CUDA code that hands tensors between
+    streams) raised "unknown parameter type"; with a generic torch.Stream the op had no tpu
+    kernel."""
+    t = torch.ones(2, device="tpu")
+    for stream in (torch.tpu.current_stream(), torch.tpu.Stream(), torch.Stream("tpu"), torch.accelerator.current_stream()):
+        assert isinstance(stream, torch.Stream) and stream.device == torch.device("tpu", 0)
+        t.record_stream(stream)
+    assert torch.tpu.Stream() == torch.tpu.current_stream() == torch.accelerator.current_stream()
+    assert (t * 2).cpu().tolist() == [2.0, 2.0]
+
+
+def test_out_of_memory_is_torch_out_of_memory_error():
+    """What a batch-size finder catches (``except torch.cuda.OutOfMemoryError`` on CUDA);
+    it was a plain RuntimeError. The device keeps working afterwards."""
+    with pytest.raises(torch.tpu.OutOfMemoryError, match="out of device memory .* smaller batch") as info:
+        torch.ones(2**44, dtype=torch.uint8, device="tpu")[0].item()  # 16 TiB
+    assert isinstance(info.value, torch.OutOfMemoryError) and isinstance(info.value, RuntimeError)
+    assert torch.ones(3, device="tpu").sum().item() == 3.0

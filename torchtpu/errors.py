@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 
 class TpuError(RuntimeError):
     """Base class of torchtpu runtime errors."""
@@ -11,6 +13,12 @@ class TpuError(RuntimeError):
 
 class TpuRuntimeError(TpuError):
     """XLA failed to compile or run a program."""
+
+
+class TpuOutOfMemoryError(TpuRuntimeError, torch.OutOfMemoryError):
+    """The device ran out of memory (PjRT's RESOURCE_EXHAUSTED): caught by ``except
+    torch.OutOfMemoryError`` and ``except torch.tpu.OutOfMemoryError``, as CUDA's is by
+    their CUDA spellings (batch-size finders retry on it)."""
 
 
 class TpuPlatformError(TpuError):

@@ -198,6 +198,9 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 
 
 # -- memory ---------------------------------------------------------------------------------
+# ``except torch.tpu.OutOfMemoryError`` as CUDA code writes ``except torch.cuda.OutOfMemoryError``
+# (PyTorch's torch.OutOfMemoryError, which the device's out-of-memory error is)
+OutOfMemoryError = torch.OutOfMemoryError  # runtime/pjrt.py raises errors.TpuOutOfMemoryError, a subclass
 def memory_allocated(device: Any = None) -> int:
     """Bytes held by live tpu storages."""
     _index(device)

@@ -22,6 +22,7 @@ The default autocast dtype of the device is bfloat16 (``set_default_dtype``);
 from __future__ import annotations
 
 import functools
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -353,3 +354,38 @@ def register() -> None:
 def set_default_dtype(dtype: torch.dtype = torch.bfloat16) -> None:
     """The dtype ``torch.autocast("tpu")`` uses when given none (this thread)."""
     torch.set_autocast_dtype(DEVICE, dtype)
+
+
+# -- torch.tpu.amp's user-facing names, as torch.cuda.amp has them ----------------------------
+# Code ported from CUDA by renaming the device writes ``torch.tpu.amp.autocast()`` and
+# ``torch.tpu.amp.GradScaler()``. Like CUDA's, they are the device-bound spellings of
+# torch.amp's classes, deprecated in favour of those, with the same warning.
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"`torch.tpu.amp.{old}(args...)` is deprecated. Please use `{new}` instead.", FutureWarning, stacklevel=3)
+
+
+class autocast(torch.amp.autocast_mode.autocast):  # noqa: N801 - torch.cuda.amp's name
+    """``torch.autocast("tpu", ...)``; ``dtype`` defaults to the device's autocast dtype."""
+
+    def __init__(self, enabled: bool = True, dtype: torch.dtype | None = None, cache_enabled: bool = True) -> None:
+        _deprecated("autocast", "torch.amp.autocast('tpu', args...)")
+        super().__init__(DEVICE, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+class GradScaler(torch.amp.GradScaler):
+    """``torch.amp.GradScaler("tpu", ...)``."""
+
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+    ) -> None:
+        _deprecated("GradScaler", "torch.amp.GradScaler('tpu', args...)")
+        super().__init__(DEVICE, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+
+
+custom_fwd = functools.partial(torch.amp.custom_fwd, device_type=DEVICE)
+custom_bwd = functools.partial(torch.amp.custom_bwd, device_type=DEVICE)

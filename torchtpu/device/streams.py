@@ -86,17 +86,18 @@ class Event:
         return f"torch.tpu.Event(recorded={self._mark is not None}, enable_timing={self.enable_timing})"
 
 
-class Stream:
-    """The device's in-order queue (``torch.cuda.Stream``); every instance is that queue."""
+class Stream(torch.Stream):
+    """The device's in-order queue (``torch.cuda.Stream``); every instance is that queue.
+    A ``torch.Stream`` (the device guard's default stream), so PyTorch's functions that
+    take one take it too (``Tensor.record_stream``)."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
+        return super().__new__(cls, device=torch.device("tpu", 0), priority=priority)
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         self.priority = priority
 
-    @property
-    def device(self) -> torch.device:
-        return torch.device("tpu", 0)  # not at import: torch.tpu's default stream exists before "tpu" does
-
-    def wait_stream(self, stream: Stream) -> None:
+    def wait_stream(self, stream: torch.Stream) -> None:
         """Order this stream after ``stream``: they are the same queue."""
 
     def wait_event(self, event: Event) -> None:
@@ -108,7 +109,7 @@ class Stream:
         return event
 
     def query(self) -> bool:
-        return _finished(_mark())
+        return _queue_finished()
 
     def synchronize(self) -> None:
         from . import synchronize
@@ -116,7 +117,7 @@ class Stream:
         synchronize()
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream)
+        return isinstance(other, torch.Stream) and other.device_type == self.device_type
 
     def __hash__(self) -> int:
         return hash(Stream)
@@ -125,15 +126,22 @@ class Stream:
         return "torch.tpu.Stream(device=tpu:0)"
 
 
-_DEFAULT = Stream()
+def _queue_finished() -> bool:
+    return _finished(_mark())
+
+
+_DEFAULT: Stream | None = None  # made on first use: "tpu" is not a device yet when this module loads
 
 
 def current_stream(device: Any = None) -> Stream:
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Stream()
     return _DEFAULT
 
 
 def default_stream(device: Any = None) -> Stream:
-    return _DEFAULT
+    return current_stream(device)
 
 
 def set_stream(stream: Stream) -> None:
@@ -169,8 +177,10 @@ def guard_elapsed_time(start: Event, end: Event) -> float:
 
 
 def guard_query_stream() -> bool:
-    return _DEFAULT.query()
+    return _queue_finished()
 
 
 def guard_synchronize() -> None:
-    _DEFAULT.synchronize()
+    from . import synchronize
+
+    synchronize()

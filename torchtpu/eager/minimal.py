@@ -512,8 +512,15 @@ def new_empty(
     return empty_memory_format(size, dtype or x.dtype, layout, device, pin_memory)
 
 
+def record_stream(t: torch.Tensor, stream: Any) -> None:
+    """``Tensor.record_stream``: CUDA's caching allocator must not reuse the memory before
+    ``stream``'s work is done; a tpu buffer lives as long as a program or tensor holds it,
+    on the device's one queue, so there is nothing to record."""
+
+
 def kernels() -> dict[Any, Any]:
     table = {
+        aten.record_stream.default: record_stream,
         aten.empty.memory_format: empty_memory_format,
         aten.new_empty.default: new_empty,
         aten.empty_strided.default: empty_strided,

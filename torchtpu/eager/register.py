@@ -165,6 +165,7 @@ def _convolution_overrideable(*args: Any) -> Any:
 
 
 def _make_kernel(op: torch._ops.OpOverload) -> Any:
+    from ..errors import TpuOutOfMemoryError
     from ..runner.checks import TpuAsyncError
     from .cpu_errors import raise_as_cpu
     from .dispatch import run
@@ -176,8 +177,10 @@ def _make_kernel(op: torch._ops.OpOverload) -> Any:
                     return _convolution_as_traced(*args, **kwargs)
                 return _run_untraced(run, op, args, kwargs)
             return run(op, args, kwargs)
-        except (NotImplementedError, TpuAsyncError):
-            raise  # a missing lowering (our message says what to do); an earlier op's device-side check
+        except (NotImplementedError, TpuAsyncError, TpuOutOfMemoryError):
+            # a missing lowering (our message says what to do); an earlier op's device-side
+            # check; the device out of memory (asking the CPU would allocate the same there)
+            raise
         except Exception as e:  # noqa: BLE001 - the arguments were refused: say it as the CPU does
             raise_as_cpu(op, args, kwargs, e)
 

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import _spans, config, metrics
-from ..errors import TpuPlatformError, TpuRuntimeError
+from ..errors import TpuOutOfMemoryError, TpuPlatformError, TpuRuntimeError
 from . import platforms
 
 _PROFILER = _spans.PROFILER  # torch's fast "a profiler records" flag, tested per execution
@@ -47,6 +47,18 @@ def _host_view(buf: Buffer) -> np.ndarray | None:
         return None
     arr.flags.writeable = False  # device memory: programs may read it
     return arr
+
+
+def _failed(what: str, e: Exception) -> TpuRuntimeError:
+    """The error for a runtime failure ``e`` while doing ``what``: out of memory as an
+    ``OutOfMemoryError`` that says what to do, anything else as it came."""
+    if "RESOURCE_EXHAUSTED" in str(e):
+        return TpuOutOfMemoryError(
+            f"torchtpu: out of device memory ({what}): {str(e).rstrip('.')}. Free the tensors you no longer need (del, "
+            "optimizer.zero_grad(set_to_none=True)), use a smaller batch, or see what is held with "
+            "torch.tpu.memory_summary()."
+        )
+    return TpuRuntimeError(f"torchtpu: {what} failed: {e}")
 
 
 class MemoryInfo(NamedTuple):
@@ -244,7 +256,7 @@ class Runtime:
                     return arr
             arr, _ = buf._single_device_array_to_np_array_did_copy()
         except self._jax.JaxRuntimeError as e:
-            raise TpuRuntimeError(f"torchtpu: a device computation failed: {e}") from e
+            raise _failed("a device computation", e) from e
         return arr
 
     def host_memory(self, buf: Buffer, nbytes: int) -> memoryview | None:
@@ -257,7 +269,7 @@ class Runtime:
         try:
             address = buf.unsafe_buffer_pointer()
         except self._jax.JaxRuntimeError as e:
-            raise TpuRuntimeError(f"torchtpu: a device computation failed: {e}") from e
+            raise _failed("a device computation", e) from e
         raw = (ctypes.c_char * nbytes).from_address(address)
         raw.owner = buf  # ctypes keeps no reference to the memory's owner itself
         return memoryview(raw).cast("B")
@@ -301,7 +313,7 @@ class Runtime:
         try:
             return self._run(exe, args, handlers)
         except self._jax.JaxRuntimeError as e:
-            raise TpuRuntimeError(f"torchtpu: running a device program failed: {e}") from e
+            raise _failed("running a device program", e) from e
 
     @staticmethod
     def _run(exe: Executable, args: list[Buffer], handlers: ResultHandlers) -> Launched:
@@ -317,7 +329,7 @@ class Runtime:
             try:
                 launched = self._run(exe, args, handlers)
             except self._jax.JaxRuntimeError as e:
-                raise TpuRuntimeError(f"torchtpu: running a device program failed: {e}") from e
+                raise _failed("running a device program", e) from e
         if _spans.device_timing:
             t0 = time.perf_counter()
             with _spans.span("torchtpu::device_wait", program=name):
@@ -336,14 +348,14 @@ class Runtime:
             # execution stayed behind until one did (tests/test_bounded_memory.py)
             self._jax.batched_block_until_ready([])
         except self._jax.JaxRuntimeError as e:
-            raise TpuRuntimeError(f"torchtpu: a device computation failed: {e}") from e
+            raise _failed("a device computation", e) from e
 
     def block(self, bufs: list[Buffer]) -> None:
         if bufs:
             try:
                 self._jax.batched_block_until_ready(bufs)
             except self._jax.JaxRuntimeError as e:
-                raise TpuRuntimeError(f"torchtpu: a device computation failed: {e}") from e
+                raise _failed("a device computation", e) from e
 
     @staticmethod
     def is_ready(buf: Buffer) -> bool:
