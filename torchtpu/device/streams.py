@@ -116,12 +116,6 @@ class Stream(torch.Stream):
 
         synchronize()
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, torch.Stream) and other.device_type == self.device_type
-
-    def __hash__(self) -> int:
-        return hash(Stream)
-
     def __repr__(self) -> str:
         return "torch.tpu.Stream(device=tpu:0)"
 
