@@ -389,6 +389,23 @@ def test_searchsorted(right):
     check(lambda s, v, o: torch.searchsorted(s, v, right=right, sorter=o), unsorted, vals, sorter, grad=False)
 
 
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_steps_as_the_cpu_past_nan_boundaries(right):
+    """NaN boundaries sort last, and the CPU's binary search mostly never reaches them:
+    0.5 in [1, 2, 3, nan] is at 0, where counting the boundaries below it said 1 (a NaN
+    compares false, so it counted); in [1, nan, nan, nan] the search walks into the NaNs
+    and says 4, which only stepping the same search gives."""
+    seqs = torch.tensor([[1.0, 2.0, 3.0, float("nan")], [1.0, float("nan"), float("nan"), float("nan")], [-2.0, 0.0, 0.0, 5.0]])
+    vals = torch.tensor([[0.5, 2.0, 10.0, float("nan")], [0.5, 1.0, 5.0, -1.0], [0.0, float("nan"), 5.0, -3.0]])
+    check(lambda s, v: torch.searchsorted(s, v, right=right), seqs, vals, grad=False)
+    for row in range(3):
+        check(lambda s, v: torch.searchsorted(s, v, right=right), seqs[row], vals, grad=False)
+        check(lambda v, s: torch.bucketize(v, s, right=right), vals, seqs[row], grad=False)
+    order = torch.tensor([[3, 0, 2, 1], [2, 3, 0, 1], [1, 3, 0, 2]])
+    shuffled, sorter = seqs.gather(1, order), order.argsort(dim=1)
+    check(lambda s, v, o: torch.searchsorted(s, v, right=right, sorter=o), shuffled, vals, sorter, grad=False)
+
+
 def test_bucketize():
     bounds = torch.tensor([-1.0, 0.0, 0.5, 2.0])
     x = torch.randn(4, 5)
