@@ -124,3 +124,44 @@ def test_batch_norm_with_update_ops():
         aten._batch_norm_no_update(x.to(TPU), w.to(TPU), b.to(TPU), rmt, rvt, 0.1, 1e-5)[0],
         aten._batch_norm_no_update(x, w, b, rm, rv, 0.1, 1e-5)[0],
     )
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_sync_batch_norm_ops_merge_slices_as_one_batch_norm(channels_last):
+    """nn.SyncBatchNorm's per-device ops, with two slices of one batch in one process as two
+    ranks would hold them (the sums that the ranks all-reduce added here): the output,
+    running statistics and gradients of F.batch_norm over the whole batch on the CPU."""
+    torch.manual_seed(0)
+    eps, momentum, split = 1e-5, 0.1, [3, 5]
+    x, dy = torch.randn(8, 4, 5, 6) * 2 + 1, torch.randn(8, 4, 5, 6)
+    weight, bias = torch.rand(4) + 0.5, torch.randn(4)
+    if channels_last:
+        x, dy = x.contiguous(memory_format=torch.channels_last), dy.contiguous(memory_format=torch.channels_last)
+    xr = x.clone().requires_grad_()
+    wr, br = weight.clone().requires_grad_(), bias.clone().requires_grad_()
+    running_mean, running_var = torch.zeros(4), torch.ones(4)
+    want = F.batch_norm(xr, running_mean, running_var, wr, br, training=True, momentum=momentum, eps=eps)
+    want.backward(dy)
+
+    parts = [s.to(TPU) for s in x.split(split)]
+    grads = [g.to(TPU) for g in dy.split(split)]
+    w, b = weight.to(TPU), bias.to(TPU)
+    stats = [torch.batch_norm_stats(p, eps) for p in parts]
+    counts = torch.tensor([n * 30 for n in split], device=TPU)
+    rm, rv = torch.zeros(4, device=TPU), torch.ones(4, device=TPU)
+    mean, invstd = torch.batch_norm_gather_stats_with_counts(
+        parts[0], torch.stack([m for m, _ in stats]), torch.stack([s for _, s in stats]), rm, rv, momentum, eps, counts.float()
+    )
+    out = torch.cat([torch.batch_norm_elemt(p, w, b, mean, invstd, eps) for p in parts])
+    assert_close(out, want.detach())
+    assert_close(rm, running_mean)
+    assert_close(rv, running_var)
+
+    reduced = [torch.batch_norm_backward_reduce(g, p, mean, invstd, w, True, True, True) for g, p in zip(grads, parts)]
+    sum_dy, sum_dy_xmu, grad_w, grad_b = (sum(r[i] for r in reduced) for i in range(4))
+    dx = torch.cat(
+        [torch.batch_norm_backward_elemt(g, p, mean, invstd, w, sum_dy, sum_dy_xmu, counts.int()) for g, p in zip(grads, parts)]
+    )
+    assert_close(dx, xr.grad)
+    assert_close(grad_w, wr.grad)
+    assert_close(grad_b, br.grad)

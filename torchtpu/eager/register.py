@@ -324,6 +324,11 @@ def ensure_op_kernels() -> None:
             for op, fn in host_kernels().items():  # data-dependent shapes: sync with the host
                 lib.impl(op, fn, "PrivateUse1")
                 REGISTERED_OPS.add(op)
+            from .sync_batch_norm import kernels as sync_batch_norm_kernels
+
+            for op, fn in sync_batch_norm_kernels().items():  # nn.SyncBatchNorm's per-device ops
+                lib.impl(op, fn, "PrivateUse1")
+                REGISTERED_OPS.add(op)
             from .attention import register_kernels as attention_kernels
 
             _libs.extend(attention_kernels())  # fused scaled_dot_product_attention (+ its own ops)
