@@ -105,6 +105,24 @@ def scaled_mm(
     return L.to(prod, L.out[0].dtype)
 
 
+@register(aten._int_mm.default)
+def int_mm(L: NodeLowering, a: Value, b: Value) -> Value:
+    """int8 (or uint8) times int8, summed exactly in int32 (torchao's dynamic int8
+    quantization)."""
+    i32 = torch.int32
+    return L.b.dot_general(L.to(a, i32), L.to(b, i32), [1], [0], [], [], out_dtype=i32, precision=L.ctx.precision)
+
+
+@register(aten._weight_int8pack_mm.default)
+def weight_int8pack_mm(L: NodeLowering, x: Value, w: Value, scales: Value) -> Value:
+    """``x @ w.T * scales`` for int8 weights with one scale per output row (weight-only int8
+    inference): in float32, rounded once to ``x``'s dtype, as the CPU's kernel computes it."""
+    f32 = torch.float32
+    prod = dot_acc(L, L.to(x, f32), L.to(w, f32), [1], [1])
+    scaled = L.b.binary("multiply", prod, L.broadcast_to(L.to(scales, f32), prod.shape))
+    return L.to(scaled, L.out[0].dtype)
+
+
 @register(aten.bmm.default)
 def bmm(L: NodeLowering, a: Value, b: Value) -> Value:
     return dot(L, a, b, [2], [1], [0], [0])
