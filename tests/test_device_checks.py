@@ -518,3 +518,29 @@ def test_user_source_line_passes_over_library_frames_and_the_ones_skipped() -> N
     line = sys._getframe(0).f_lineno + 1
     site = library_caller()
     assert str(site) == f"{__file__}:{line}"
+
+
+@pytest.mark.parametrize("mode", [*MODES, "compile"])
+def test_assert_async_fires_as_on_cuda(mode):
+    """``torch._assert_async`` had no tpu kernel, and in a compiled function (Dynamo turns a
+    tensor ``assert`` into it) it was dropped: the assert never fired."""
+
+    def check(x):
+        assert (x > 0).all(), "x must be positive"
+        return x * 2
+
+    run = torch.compile(check, backend="tpu") if mode == "compile" else check
+    if mode != "compile":
+        torchtpu.set_eager_mode(mode)
+    torch._dynamo.reset()
+    assert run(torch.ones(3, device="tpu")).cpu().tolist() == [2.0, 2.0, 2.0]
+    # eagerly Python's assert raises; compiled, the assert is an op (RuntimeError, as inductor's)
+    with pytest.raises(RuntimeError if mode == "compile" else AssertionError, match="x must be positive"):
+        run(-torch.ones(3, device="tpu")).cpu()
+    with pytest.raises(RuntimeError, match="Expected Tensor with single nonzero value, but got zero"):
+        torch._assert_async(torch.tensor(0.0, device="tpu"))
+        torch.tpu.synchronize()
+    torch._assert_async(torch.tensor(3, device="tpu"), "not raised")
+    torch.tpu.synchronize()
+    with pytest.raises(RuntimeError, match="Boolean value of Tensor with more than one value is ambiguous"):
+        torch._assert_async(torch.ones(2, device="tpu"))

@@ -331,3 +331,14 @@ def test_rrelu_like_the_cpu(mode):
     assert torch.equal(trained.detach().cpu()[x >= 0], x[x >= 0])
     torch.testing.assert_close(xt.grad.cpu()[x < 0], slopes)
     assert (xt.grad.cpu()[x >= 0] == 1).all()
+
+
+def test_torch_range_includes_the_end_as_on_the_cpu():
+    """``torch.range`` (deprecated, still in older code) had no tpu kernel."""
+    for args, kwargs in [((0, 4, 0.5), {}), ((1, 5), {}), ((0, 1, 0.1), {}), ((5, 1, -1), {}), ((0, 3), {"dtype": torch.int64})]:
+        with pytest.warns(UserWarning, match="deprecated"):
+            got = torch.range(*args, device=TPU, **kwargs)
+        want = torch.range(*args, **kwargs)
+        assert got.device.type == "tpu" and got.dtype == want.dtype and torch.equal(got.cpu(), want)
+    with pytest.raises(RuntimeError, match="step must be nonzero"):
+        torch.range(0, 4, 0, device=TPU)

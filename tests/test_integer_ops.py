@@ -70,3 +70,14 @@ def test_float_to_integer_casts_are_the_cpus(source, target, mode):
         got = [g.cpu() for g in run(x.to(TPU))]
     for g, w in zip(got, want):
         assert torch.equal(g, w), (g.tolist(), w.tolist())
+
+
+def test_in_place_shift_operators():
+    """``x <<= n`` and ``x >>= n`` (aten's ``__ilshift__``/``__irshift__``) had no tpu kernel."""
+    for shift in (2, torch.tensor(1), torch.tensor([1, 2, 0])):
+        for op in ("__ilshift__", "__irshift__"):
+            want = torch.tensor([8, -12, 3])
+            getattr(want, op)(shift)
+            got = torch.tensor([8, -12, 3]).to(TPU)
+            getattr(got, op)(shift.to(TPU) if isinstance(shift, torch.Tensor) else shift)
+            assert torch.equal(got.cpu(), want), (op, shift)

@@ -165,3 +165,14 @@ def test_sync_batch_norm_ops_merge_slices_as_one_batch_norm(channels_last):
     assert_close(dx, xr.grad)
     assert_close(grad_w, wr.grad)
     assert_close(grad_b, br.grad)
+
+
+def test_batch_norm_update_stats_as_on_the_cpu():
+    x = torch.randn(2, 3, 4, 5) * 3 + 1
+    rm, rv = torch.zeros(3), torch.ones(3)
+    rm_t, rv_t = rm.to(TPU), rv.to(TPU)
+    want = torch.batch_norm_update_stats(x, rm, rv, 0.1)
+    got = torch.batch_norm_update_stats(x.to(TPU), rm_t, rv_t, 0.1)
+    assert_close(got, want)
+    assert_close(rm_t, rm)
+    assert_close(rv_t, rv)

@@ -61,7 +61,6 @@ aten = torch.ops.aten
 _SKIPPED = {
     aten._assert_scalar.default,
     aten.sym_constrain_range_for_size.default,
-    aten._assert_async.msg,
 }
 # torch.utils.checkpoint under torch.compile: the partitioner recomputes a checkpointed
 # random op in the backward from the RNG state its forward saved (_functorch/partitioners.py,

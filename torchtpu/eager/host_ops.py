@@ -230,8 +230,18 @@ def padded_dense_to_jagged(padded: torch.Tensor, offsets: list[torch.Tensor], to
     return _run(aten._padded_dense_to_jagged_forward.default, (padded, offsets, total_L))
 
 
+def range_out(start: Any, end: Any, step: Any = 1, *, out: torch.Tensor) -> torch.Tensor:
+    """``torch.range`` (deprecated; ``end`` included): its values computed on the host, as
+    the CPU computes them, and copied into ``out``."""
+    values = torch.range(start, end, step, dtype=out.dtype)
+    out.resize_(values.shape)
+    return out.copy_(values)
+
+
 def kernels() -> dict[Any, Any]:
     return {
+        aten.range.out: range_out,
+        aten.range.out_: lambda start, end, *, out: range_out(start, end, out=out),
         aten._fused_moving_avg_obs_fq_helper.default: fused_moving_avg_obs_fq_helper,
         aten.nonzero.default: nonzero,
         aten.masked_select.default: masked_select,

@@ -61,13 +61,16 @@ def _matches(candidate: list[tuple[str, str]], want: list[tuple[str, str]], sche
 
 def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """``add_.Tensor -> add.Tensor``, ``add.out -> add.Tensor``, ``_fused_adamw_ -> _fused_adamw``,
-    ``normal_ -> normal_functional``, ``_native_batch_norm_legit -> ..._functional``."""
+    ``normal_ -> normal_functional``, ``_native_batch_norm_legit -> ..._functional``,
+    ``__ilshift__.Scalar -> __lshift__.Scalar``."""
     schema = op._schema
     if not any(_is_write(a) for a in schema.arguments):
         return op
     base = schema.name.split("::")[1]
     want = _signature(schema, drop_out=True)
     stem = base[:-1] if base.endswith("_") and not base.endswith("__") else base
+    if base.startswith("__i") and base.endswith("__"):  # __ilshift__ -> __lshift__ (x <<= n)
+        stem = "__" + base[3:]
     for cand in dict.fromkeys([stem, stem + "_functional", base + "_functional", stem.lstrip("_")]):
         packet = getattr(torch.ops.aten, cand, None)
         if packet is None:
@@ -173,6 +176,8 @@ class OpPlan:
             raise
         if self.functional is _CONVOLUTION:
             out = _conv_output_layout(out, metas[0], metas[1])
+        if out is None:  # no results (torch._assert_async: its program only checks)
+            return []
         return list(out) if self.functional_returns_tuple else [out]
 
     def mutated_tensors(self, values: list[Any]) -> list[Any]:

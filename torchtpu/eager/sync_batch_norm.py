@@ -1,6 +1,6 @@
 """The per-device halves of ``nn.SyncBatchNorm``: the five ops its autograd function
 calls around its collectives (``torch/nn/modules/_functions.py``), which PyTorch has for
-CUDA only. Each is written with tpu ops, in CUDA's arithmetic: statistics in float32 for
+CUDA only, and ``batch_norm_update_stats``. Each is written with tpu ops, in CUDA's arithmetic: statistics in float32 for
 16-bit inputs, the variance biased, ``invstd = 1 / sqrt(var + eps)``, the running
 variance updated with the unbiased variance of all ranks' elements.
 
@@ -78,6 +78,21 @@ def batch_norm_gather_stats(
     return batch_norm_gather_stats_with_counts(x, mean, invstd, running_mean, running_var, momentum, eps, counts)
 
 
+def batch_norm_update_stats(
+    x: torch.Tensor, running_mean: torch.Tensor | None, running_var: torch.Tensor | None, momentum: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This batch's per-channel mean and biased variance, and the running statistics moved
+    toward the mean and the unbiased variance in place (the CPU's and CUDA's kernel)."""
+    dims = _reduced_dims(x)
+    var, mean = torch.var_mean(x.to(_accumulation_dtype(x)), dims, correction=0)
+    n = x.numel() // max(x.shape[1], 1)
+    if running_mean is not None:
+        running_mean.copy_(momentum * mean + (1 - momentum) * running_mean)
+    if running_var is not None:
+        running_var.copy_(momentum * var * (n / max(n - 1, 1)) + (1 - momentum) * running_var)
+    return mean, var
+
+
 def batch_norm_elemt(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, mean: torch.Tensor, invstd: torch.Tensor, eps: float
 ) -> torch.Tensor:
@@ -143,6 +158,7 @@ def kernels() -> dict[Any, Any]:
         aten.batch_norm_stats.default: batch_norm_stats,
         aten.batch_norm_gather_stats_with_counts.default: batch_norm_gather_stats_with_counts,
         aten.batch_norm_gather_stats.default: batch_norm_gather_stats,
+        aten.batch_norm_update_stats.default: batch_norm_update_stats,
         aten.batch_norm_elemt.default: batch_norm_elemt,
         aten.batch_norm_backward_reduce.default: batch_norm_backward_reduce,
         aten.batch_norm_backward_elemt.default: batch_norm_backward_elemt,

@@ -451,6 +451,13 @@ def _sub(plan: OpPlan, a: dict[str, Any]) -> None:
         )
 
 
+def _assert_async(plan: OpPlan, a: dict[str, Any]) -> None:
+    """The CPU reads the condition as a Python bool would (``bool(tensor)``)."""
+    n = a["self"].numel()
+    if n != 1:
+        raise RuntimeError(f"Boolean value of Tensor with {'no values' if n == 0 else 'more than one value'} is ambiguous")
+
+
 def _heaviside(plan: OpPlan, a: dict[str, Any]) -> None:
     x, y, out = a["self"], a["values"], a.get("out")
     tensors = [t for t in (x, y, out) if isinstance(t, torch.Tensor)]
@@ -656,6 +663,7 @@ _INPUT_RULES: dict[str, Callable[[OpPlan, dict[str, Any]], None]] = {
     "sub": _sub,
     "rsub": _sub,
     "heaviside": _heaviside,
+    "_assert_async": _assert_async,
     "exponential": _continuous("Exponential", type_meta=False),
     "cauchy": _continuous("Cauchy", type_meta=True),
     "linalg_vector_norm": _vector_norm,

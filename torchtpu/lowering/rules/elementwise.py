@@ -1047,3 +1047,14 @@ def prims_div(L: NodeLowering, x: Any, y: Any) -> Value:
     stablehlo.divide does for each)."""
     x, y = L.promote(x, y, dtype=L.out[0].dtype)
     return L.b.binary("divide", x, y)
+
+
+# -- device-side asserts -----------------------------------------------------------------------
+@register(aten._assert_async.default, aten._assert_async.msg)
+def assert_async(L: NodeLowering, x: Value, assert_msg: str | None = None) -> tuple[()]:
+    """``torch._assert_async(cond[, msg])`` (and a tensor ``assert`` that Dynamo rewrites into
+    it): reported at the next synchronize when ``cond`` is zero, as CUDA's device-side
+    assert is; the CPU raises at once, with the same words."""
+    zero = L.b.compare(x, L.zeros(x.shape, x.dtype), "EQ")
+    L.check(zero, assert_msg or "Expected Tensor with single nonzero value, but got zero")
+    return ()
