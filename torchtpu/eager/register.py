@@ -320,13 +320,10 @@ def ensure_op_kernels() -> None:
                 lib.impl(name, fn, "PrivateUse1")
                 REGISTERED_OPS.add(getattr(torch.ops.aten, name).default)
             from .host_ops import kernels as host_kernels
-
-            for op, fn in host_kernels().items():  # data-dependent shapes: sync with the host
-                lib.impl(op, fn, "PrivateUse1")
-                REGISTERED_OPS.add(op)
             from .sync_batch_norm import kernels as sync_batch_norm_kernels
 
-            for op, fn in sync_batch_norm_kernels().items():  # nn.SyncBatchNorm's per-device ops
+            # data-dependent shapes (synced with the host), and nn.SyncBatchNorm's per-device ops
+            for op, fn in {**host_kernels(), **sync_batch_norm_kernels()}.items():
                 lib.impl(op, fn, "PrivateUse1")
                 REGISTERED_OPS.add(op)
             from .attention import register_kernels as attention_kernels
