@@ -32,6 +32,17 @@ def _per_channel(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return v.reshape(1, -1, *([1] * (x.dim() - 2)))
 
 
+def _move_running_stats(
+    running_mean: torch.Tensor | None, running_var: torch.Tensor | None, mean: torch.Tensor, unbiased_var: torch.Tensor, momentum: float
+) -> None:
+    """The running statistics moved toward this batch's, in place (CUDA's kernels write
+    them although the ops' schemas do not say so)."""
+    if running_mean is not None:
+        running_mean.copy_(momentum * mean + (1 - momentum) * running_mean)
+    if running_var is not None:
+        running_var.copy_(momentum * unbiased_var + (1 - momentum) * running_var)
+
+
 def batch_norm_stats(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's per-channel mean and ``1 / sqrt(biased variance + eps)``."""
     var, mean = torch.var_mean(x.to(_accumulation_dtype(x)), _reduced_dims(x), correction=0)
@@ -56,10 +67,7 @@ def batch_norm_gather_stats_with_counts(
     whole_mean = (n * mean).sum(0) / total
     rank_var = invstd.reciprocal().square() - eps
     spread = (n * (rank_var + (mean - whole_mean).square())).sum(0)  # n * the whole batch's biased variance
-    if running_mean is not None:
-        running_mean.copy_(momentum * whole_mean + (1 - momentum) * running_mean)
-    if running_var is not None:
-        running_var.copy_(momentum * spread / (total - 1) + (1 - momentum) * running_var)
+    _move_running_stats(running_mean, running_var, whole_mean, spread / (total - 1), momentum)
     return whole_mean, (spread / total + eps).rsqrt()
 
 
@@ -86,10 +94,7 @@ def batch_norm_update_stats(
     dims = _reduced_dims(x)
     var, mean = torch.var_mean(x.to(_accumulation_dtype(x)), dims, correction=0)
     n = x.numel() // max(x.shape[1], 1)
-    if running_mean is not None:
-        running_mean.copy_(momentum * mean + (1 - momentum) * running_mean)
-    if running_var is not None:
-        running_var.copy_(momentum * var * (n / max(n - 1, 1)) + (1 - momentum) * running_var)
+    _move_running_stats(running_mean, running_var, mean, var * (n / max(n - 1, 1)), momentum)
     return mean, var
 
 
