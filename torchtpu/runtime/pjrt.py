@@ -219,7 +219,10 @@ class Runtime:
         """The device's free and total bytes: its allocator's limit and use where PjRT
         reports them (GPU, TPU); on the cpu platform, whose device memory is the host's,
         the host's available and physical memory."""
-        stats = self.device.memory_stats()
+        try:
+            stats = self.device.memory_stats()
+        except self._jax.JaxRuntimeError:  # a plugin without the query: as the cpu client
+            stats = None
         if stats and "bytes_limit" in stats:
             total = int(stats["bytes_limit"])
             return MemoryInfo(total - int(stats.get("bytes_in_use", 0)), total)
