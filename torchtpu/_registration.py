@@ -216,8 +216,9 @@ def _patch_storage_pickle() -> None:
 
 def _install_native_hooks() -> bool:
     """Register the C++ hooks (torchtpu/csrc/hooks.cpp: tpu generators, pinned host memory,
-    the allocator entry behind torch.accelerator's memory functions, the device guard) when the extension was built; False when it was not (Python hooks and
-    guard objects then)."""
+    the allocator entry behind torch.accelerator's memory functions, the device guard)
+    when the extension was built; False when it was not (Python hooks and guard objects
+    then)."""
     try:
         from . import _hooks  # type: ignore[attr-defined]
     except ImportError:

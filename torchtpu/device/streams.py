@@ -112,9 +112,7 @@ class Stream(torch.Stream):
         return _queue_finished()
 
     def synchronize(self) -> None:
-        from . import synchronize
-
-        synchronize()
+        _synchronize_device()
 
     def __repr__(self) -> str:
         return "torch.tpu.Stream(device=tpu:0)"
@@ -122,6 +120,12 @@ class Stream(torch.Stream):
 
 def _queue_finished() -> bool:
     return _finished(_mark())
+
+
+def _synchronize_device() -> None:
+    from . import synchronize  # torch.tpu.synchronize: its package imports this module
+
+    synchronize()
 
 
 _DEFAULT: Stream | None = None  # made on first use: "tpu" is not a device yet when this module loads
@@ -175,6 +179,4 @@ def guard_query_stream() -> bool:
 
 
 def guard_synchronize() -> None:
-    from . import synchronize
-
-    synchronize()
+    _synchronize_device()

@@ -17,6 +17,7 @@ from ...stablehlo.builder import Value
 from ...stablehlo.types import is_float
 from ..context import NodeLowering
 from ..registry import register
+from .gather_scatter import _gather_rows
 
 aten = torch.ops.aten
 
@@ -97,9 +98,6 @@ def _binary_search(L: NodeLowering, seq: Value, values: Value, right: bool, sort
         row = b.binary("divide", b.iota((m,), 0, i64), L.full(shape[-1], (m,), i64))
         base = b.binary("multiply", row, L.full(n, (m,), i64))
 
-    def at(flat: Value, index: Value) -> Value:
-        return b.gather(flat, b.reshape(index, (m, 1)), [], [0], [0], 1, [1], [m])
-
     one = L.full(1, (m,), i64)
     lo, hi = L.zeros((m,), i64), L.full(n, (m,), i64)
     for _ in range(n.bit_length()):  # while lo < hi: the interval at least halves each step
@@ -107,9 +105,9 @@ def _binary_search(L: NodeLowering, seq: Value, values: Value, right: bool, sort
         mid = b.binary("add", lo, b.binary("shift_right_logical", b.binary("subtract", hi, lo), one))
         position = b.binary("add", base, b.clamp(L.zeros((), i64), mid, L.full(max(n - 1, 0), (), i64)))
         if flat_sorter is not None:
-            position = b.binary("add", base, at(flat_sorter, position))
+            position = b.binary("add", base, _gather_rows(L, flat_sorter, 0, position))
         # left: go right unless mid >= value (NaN: compares false either way, as in the CPU's loop)
-        go_right = b.unary("not", b.compare(at(flat_seq, position), vals, "GT" if right else "GE"))
+        go_right = b.unary("not", b.compare(_gather_rows(L, flat_seq, 0, position), vals, "GT" if right else "GE"))
         lo = b.select(b.binary("and", active, go_right), b.binary("add", mid, one), lo)
         hi = b.select(b.binary("and", active, b.unary("not", go_right)), mid, hi)
     return b.reshape(lo, shape)
