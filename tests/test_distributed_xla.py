@@ -139,7 +139,8 @@ def test_xla_collectives_defer_and_fuse(tmp_path: Path) -> None:
     _assert_all_ok(tmp_path, 2)
 
 
-@pytest.mark.parametrize("check", ["1", pytest.param("0", marks=pytest.mark.slow)])
+@pytest.mark.slow  # make test-all (session 55: make test ran 850-914 s of its 900); test_single_process_group_collectives[defer_and_fuse] stays
+@pytest.mark.parametrize("check", ["1", "0"])
 def test_defer_and_fuse_records_collectives(tmp_path: Path, check: str) -> None:
     """DeferAndFuse records all_reduce, reduce, all_gather (into a tensor or a list), gather, scatter, reduce_scatter_tensor, broadcast
     and even all_to_all_single into the pending graph: values equal the CPU's (DDP training included), one program for

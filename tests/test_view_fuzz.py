@@ -121,6 +121,7 @@ def test_views_and_writes_with_autograd(mode: str, seeds: range) -> None:
     assert compared >= 15  # of 20 programs: 16 and 19 have a backward on the CPU
 
 
+@pytest.mark.slow  # make test-all (session 55: make test ran 850-914 s of its 900)
 def test_views_and_writes_compiled() -> None:
     """Each program compiled whole (Dynamo breaks it into graphs at the random choices and
     recompiles them with symbolic sizes as shapes change)."""
