@@ -12,7 +12,7 @@ TORCH_PIN := $(shell grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
 $(STAMP): pyproject.toml setup.py $(wildcard torchtpu/csrc/*.cpp torchtpu/csrc/*.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "setuptools>=70.1" "$(TORCH_PIN)"
-	$(PY) -m pip install -q --no-build-isolation -e ".[dev,hf,jax,docs]"
+	$(PY) -m pip install -q --no-build-isolation -e ".[dev,hf,jax,docs,ecosystem]"
 	touch $(STAMP)
 
 demo: $(STAMP)
