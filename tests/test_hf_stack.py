@@ -89,7 +89,9 @@ class _TokenDataset(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.labels[i]}
 
 
-def _train(use_cpu: bool, tmp_path) -> tuple[list[float], dict[str, torch.Tensor], object]:
+def _train(
+    use_cpu: bool, tmp_path, dropout: float = 0.0, resume: str | None = None, **args
+) -> tuple[list[float], dict[str, torch.Tensor], object]:
     from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
     torch.manual_seed(0)
@@ -100,24 +102,27 @@ def _train(use_cpu: bool, tmp_path) -> tuple[list[float], dict[str, torch.Tensor
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=16,
-        hidden_dropout_prob=0.0,
+        hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=0.0,
     )
     model = BertForSequenceClassification(config)
     args = TrainingArguments(
         output_dir=str(tmp_path / ("cpu" if use_cpu else "tpu")),
-        per_device_train_batch_size=8,
-        max_steps=3,
-        logging_steps=1,
-        learning_rate=1e-3,
-        seed=0,
-        use_cpu=use_cpu,
-        save_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
+        **{
+            "per_device_train_batch_size": 8,
+            "max_steps": 3,
+            "logging_steps": 1,
+            "learning_rate": 1e-3,
+            "seed": 0,
+            "use_cpu": use_cpu,
+            "save_strategy": "no",
+            "report_to": [],
+            "disable_tqdm": True,
+            **args,
+        },
     )
     trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset())
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     params = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
     return losses, params, trainer
@@ -135,6 +140,24 @@ def test_trainer_on_tpu_matches_cpu(tmp_path):
     assert len(losses_tpu) == 3
     torch.testing.assert_close(torch.tensor(losses_tpu), torch.tensor(losses_cpu))
     torch.testing.assert_close(params_tpu, params_cpu)
+
+
+def test_trainer_resumed_from_a_checkpoint_draws_the_uninterrupted_runs_dropout_masks(tmp_path):
+    """A checkpoint at step 2 of 4 (dropout 0.3, two micro-batches per step), resumed in a
+    new Trainer: the resumed steps give the uninterrupted run's losses and weights exactly,
+    as on the CPU and CUDA. The Trainer saved no tpu generator state, so the resumed run
+    drew other dropout masks: its steps 3 and 4 gave other losses and weights."""
+    pytest.importorskip("accelerate")
+    run = dict(dropout=0.3, max_steps=4, save_strategy="steps", save_steps=2, gradient_accumulation_steps=2)
+    losses, params, trainer = _train(False, tmp_path, **run)
+    checkpoint = os.path.join(trainer.args.output_dir, "checkpoint-2")
+    with transformers.trainer_pt_utils.safe_globals():
+        saved = torch.load(os.path.join(checkpoint, "rng_state.pth"), weights_only=True)
+    assert saved["tpu"].dtype == torch.uint8 and saved["tpu"].device.type == "cpu"
+    resumed_losses, resumed_params, _ = _train(False, tmp_path, resume=checkpoint, **run)
+    assert len(losses) == 4 and resumed_losses == losses  # the checkpoint's log history holds steps 1-2
+    for name, value in params.items():
+        assert torch.equal(resumed_params[name], value), name
 
 
 # -- pipelines ---------------------------------------------------------------------------------

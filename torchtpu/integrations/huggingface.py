@@ -1,4 +1,5 @@
-"""Hugging Face: make ``accelerate`` pick the tpu device, as transformers already does.
+"""Hugging Face: make ``accelerate`` pick the tpu device, as transformers already does, and
+make the ``Trainer``'s checkpoints carry the tpu generator's state, as they carry CUDA's.
 
 transformers (>= 5.23) selects "tpu" by itself: ``TrainingArguments.device`` asks
 ``torch.accelerator.current_accelerator()``, and pipelines accept ``device="tpu"``. The
@@ -12,19 +13,31 @@ default device is tpu. ``use_cpu=True`` (``cpu=True``) and ``ACCELERATE_TORCH_DE
 their meaning, and an accelerate that learns ``torch.accelerator`` itself (its PR #4278)
 makes this a no-op.
 
-accelerate is not imported here: the extension is applied when ``accelerate.state`` is
-first imported (or at once, if it already was).
+The ``Trainer`` saves the random generators' states in each checkpoint (``rng_state.pth``)
+and restores them on ``train(resume_from_checkpoint=...)``, so that a resumed run draws the
+dropout masks the uninterrupted run would have drawn. It knows CUDA, XLA, NPU, HPU, MLU and
+MUSA by name; for tpu it saved nothing, and a resumed run with dropout trained on different
+masks (its losses and weights departed from the uninterrupted run's, where the CPU's and
+CUDA's match exactly). torchtpu adds a ``"tpu"`` entry to that file after the Trainer writes
+it and restores it after the Trainer reads it, with ``torch.tpu``'s generator functions, as
+the Trainer does for ``torch.cuda``.
+
+Neither library is imported here: each extension is applied when its module (``accelerate.state``,
+``transformers.trainer``) is first imported, or at once if it already was.
 """
 
 from __future__ import annotations
 
 import importlib.abc
+import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 _STATE_MODULE = "accelerate.state"
+_TRAINER_MODULE = "transformers.trainer"
 
 
 def _tpu_is_current_accelerator() -> bool:
@@ -49,11 +62,66 @@ def extend_default_device(state_module: Any) -> None:
     cls.default_device = property(default_device, doc=original.__doc__)
 
 
+def extend_rng_checkpoints(trainer_module: Any) -> None:
+    """Wrap ``trainer_module.Trainer._save_rng_state`` and ``_load_rng_state`` (once)."""
+    cls = getattr(trainer_module, "Trainer", None)
+    save, load = getattr(cls, "_save_rng_state", None), getattr(cls, "_load_rng_state", None)
+    if save is None or load is None or getattr(save, "_torchtpu", False):
+        return  # a transformers without these methods: leave it alone
+
+    def _save_rng_state(self: Any, output_dir: str) -> None:
+        save(self, output_dir)
+        path = _rng_file(self, output_dir)
+        if _tpu_is_current_accelerator() and os.path.isfile(path):
+            states = _load_rng_file(trainer_module, path)
+            states["tpu"] = torch.tpu.get_rng_state_all() if _distributed(self, trainer_module) else torch.tpu.get_rng_state()
+            torch.save(states, path)
+
+    def _load_rng_state(self: Any, checkpoint: str | None) -> None:
+        load(self, checkpoint)
+        path = None if checkpoint is None else _rng_file(self, checkpoint)
+        if path is None or not _tpu_is_current_accelerator() or not os.path.isfile(path):
+            return
+        state = _load_rng_file(trainer_module, path).get("tpu")
+        if state is None:
+            return  # written by a Trainer without this extension: the Trainer's own reproducibility caveat holds
+        if _distributed(self, trainer_module):
+            torch.tpu.set_rng_state_all(state)
+        else:
+            torch.tpu.set_rng_state(state)
+
+    _save_rng_state._torchtpu = True  # type: ignore[attr-defined]
+    cls._save_rng_state, cls._load_rng_state = _save_rng_state, _load_rng_state
+
+
+def _rng_file(trainer: Any, directory: str) -> str:
+    """The file ``Trainer._save_rng_state`` writes in ``directory`` and ``_load_rng_state``
+    reads (transformers 5.23): one per process when training on several."""
+    name = "rng_state.pth" if trainer.args.world_size <= 1 else f"rng_state_{trainer.args.process_index}.pth"
+    return os.path.join(directory, name)
+
+
+def _load_rng_file(trainer_module: Any, path: str) -> dict[str, Any]:
+    """The Trainer's RNG file, read as the Trainer reads it (weights only; numpy's state allowed)."""
+    with trainer_module.safe_globals():
+        return torch.load(path, weights_only=True)
+
+
+def _distributed(trainer: Any, trainer_module: Any) -> bool:
+    """The Trainer saves every device's state of the process when distributed (its CUDA rule)."""
+    return trainer.args.parallel_mode == trainer_module.ParallelMode.DISTRIBUTED
+
+
+# module name -> what extends it once loaded
+_EXTENSIONS: dict[str, Callable[[Any], None]] = {_STATE_MODULE: extend_default_device, _TRAINER_MODULE: extend_rng_checkpoints}
+
+
 class _ExtendOnImport(importlib.abc.MetaPathFinder):
-    """Finds ``accelerate.state`` through the other finders and extends it once loaded."""
+    """Finds the modules of ``_EXTENSIONS`` through the other finders and extends each once loaded."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != _STATE_MODULE:
+        extend = _EXTENSIONS.get(fullname)
+        if extend is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -70,16 +138,16 @@ class _ExtendOnImport(importlib.abc.MetaPathFinder):
 
         def exec_and_extend(module: Any) -> None:
             exec_module(module)
-            extend_default_device(module)
+            extend(module)
 
         loader.exec_module = exec_and_extend  # this spec's loader only
         return spec
 
 
 def install() -> None:
-    """Extend accelerate now if it is loaded, else when it is first imported."""
-    if _STATE_MODULE in sys.modules:
-        extend_default_device(sys.modules[_STATE_MODULE])
-        return
-    if not any(isinstance(f, _ExtendOnImport) for f in sys.meta_path):
+    """Extend accelerate and the Trainer now where they are loaded, else when first imported."""
+    for name, extend in _EXTENSIONS.items():
+        if name in sys.modules:
+            extend(sys.modules[name])
+    if not all(name in sys.modules for name in _EXTENSIONS) and not any(isinstance(f, _ExtendOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _ExtendOnImport())
