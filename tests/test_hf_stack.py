@@ -75,6 +75,48 @@ def test_accelerate_picks_tpu_unless_told_cpu():
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
+def _accelerate_loop(directory: str, save_after: int | None = None, resume: bool = False) -> list[float]:
+    """Four SGD steps of a model with dropout in accelerate's loop; ``save_state`` after
+    step ``save_after``, or ``load_state`` and the steps after 2."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    torch.manual_seed(0)
+    accelerator = Accelerator()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Dropout(0.5), torch.nn.Linear(32, 1))
+    model, opt = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert accelerator.device.type == "tpu"
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randn(16, 8, generator=g) for _ in range(4)]
+    if resume:
+        accelerator.load_state(directory)
+    losses = []
+    for step in range(2 if resume else 0, 4):
+        loss = model(batches[step].to(accelerator.device)).pow(2).mean()
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        if step + 1 == save_after:
+            accelerator.save_state(directory)
+    return losses
+
+
+def test_accelerate_load_state_restores_the_tpu_generator(tmp_path):
+    """``Accelerator.save_state`` after step 2, ``load_state`` in a new loop: steps 3 and 4
+    draw the uninterrupted loop's dropout masks (accelerate saved no tpu generator state, so
+    they drew others)."""
+    pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+
+    try:
+        losses = _accelerate_loop(str(tmp_path), save_after=2)
+        assert _accelerate_loop(str(tmp_path), resume=True) == losses[2:]
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
 # -- Trainer -----------------------------------------------------------------------------------
 class _TokenDataset(torch.utils.data.Dataset):
     def __init__(self, n: int = 24, length: int = 12, vocab: int = 64):

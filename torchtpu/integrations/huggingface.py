@@ -20,15 +20,20 @@ MUSA by name; for tpu it saved nothing, and a resumed run with dropout trained o
 masks (its losses and weights departed from the uninterrupted run's, where the CPU's and
 CUDA's match exactly). torchtpu adds a ``"tpu"`` entry to that file after the Trainer writes
 it and restores it after the Trainer reads it, with ``torch.tpu``'s generator functions, as
-the Trainer does for ``torch.cuda``.
+the Trainer does for ``torch.cuda``. accelerate's ``Accelerator.save_state``/``load_state``
+had the same gap (its RNG file, ``random_states_<process>.pkl``, knows CUDA, XPU, MLU, HPU,
+...), closed the same way with a ``"torch_tpu_manual_seed"`` entry.
 
-Neither library is imported here: each extension is applied when its module (``accelerate.state``,
-``transformers.trainer``) is first imported, or at once if it already was.
+Neither library is imported here: each extension is applied when its module
+(``accelerate.state``, ``accelerate.checkpointing``, ``transformers.trainer``) is first
+imported, or at once if it already was.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -37,7 +42,10 @@ from typing import Any
 import torch
 
 _STATE_MODULE = "accelerate.state"
+_CHECKPOINTING_MODULE = "accelerate.checkpointing"
 _TRAINER_MODULE = "transformers.trainer"
+# the entry accelerate's RNG file gets, named as accelerate names CUDA's ("torch_cuda_manual_seed")
+_ACCELERATE_TPU_KEY = "torch_tpu_manual_seed"
 
 
 def _tpu_is_current_accelerator() -> bool:
@@ -112,8 +120,53 @@ def _distributed(trainer: Any, trainer_module: Any) -> bool:
     return trainer.args.parallel_mode == trainer_module.ParallelMode.DISTRIBUTED
 
 
+def extend_accelerate_checkpoints(checkpointing: Any) -> None:
+    """Wrap ``checkpointing.save_accelerator_state`` and ``load_accelerator_state`` (once),
+    and rebind them in ``accelerate.accelerator`` if it imported them already."""
+    save, load = getattr(checkpointing, "save_accelerator_state", None), getattr(checkpointing, "load_accelerator_state", None)
+    if save is None or load is None or getattr(save, "_torchtpu", False):
+        return
+    save_signature, load_signature = inspect.signature(save), inspect.signature(load)
+
+    def save_accelerator_state(*args: Any, **kwargs: Any) -> Any:
+        output_dir = save(*args, **kwargs)
+        path = _accelerate_rng_file(checkpointing, save_signature.bind(*args, **kwargs).arguments)
+        if _tpu_is_current_accelerator() and os.path.isfile(path):
+            states = checkpointing.load(path)
+            states[_ACCELERATE_TPU_KEY] = torch.tpu.get_rng_state_all()
+            torch.save(states, path)
+        return output_dir
+
+    def load_accelerator_state(*args: Any, **kwargs: Any) -> Any:
+        overrides = load(*args, **kwargs)
+        path = _accelerate_rng_file(checkpointing, load_signature.bind(*args, **kwargs).arguments)
+        if _tpu_is_current_accelerator() and os.path.isfile(path):
+            state = checkpointing.load(path).get(_ACCELERATE_TPU_KEY)
+            if state is not None:  # absent from a checkpoint written without this extension
+                torch.tpu.set_rng_state_all(state)
+        return overrides
+
+    save_accelerator_state._torchtpu = True  # type: ignore[attr-defined]
+    functools.update_wrapper(save_accelerator_state, save)
+    functools.update_wrapper(load_accelerator_state, load)
+    checkpointing.save_accelerator_state, checkpointing.load_accelerator_state = save_accelerator_state, load_accelerator_state
+    accelerator = sys.modules.get("accelerate.accelerator")
+    if accelerator is not None:  # it holds the functions by name
+        accelerator.save_accelerator_state, accelerator.load_accelerator_state = save_accelerator_state, load_accelerator_state
+
+
+def _accelerate_rng_file(checkpointing: Any, arguments: dict[str, Any]) -> str:
+    """accelerate's RNG file of this call's directory and process (accelerate 1.15)."""
+    directory = arguments.get("output_dir", arguments.get("input_dir"))
+    return os.path.join(directory, f"{checkpointing.RNG_STATE_NAME}_{arguments['process_index']}.pkl")
+
+
 # module name -> what extends it once loaded
-_EXTENSIONS: dict[str, Callable[[Any], None]] = {_STATE_MODULE: extend_default_device, _TRAINER_MODULE: extend_rng_checkpoints}
+_EXTENSIONS: dict[str, Callable[[Any], None]] = {
+    _STATE_MODULE: extend_default_device,
+    _CHECKPOINTING_MODULE: extend_accelerate_checkpoints,
+    _TRAINER_MODULE: extend_rng_checkpoints,
+}
 
 
 class _ExtendOnImport(importlib.abc.MetaPathFinder):
