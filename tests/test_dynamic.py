@@ -77,13 +77,28 @@ def test_dynamic_true_with_max_size_option() -> None:
     assert torchtpu.metrics.snapshot()["compiles"] - before <= 6
 
 
-def test_dynamic_true_without_bound_is_a_clear_error(monkeypatch) -> None:
-    from torchtpu.compile import dynamic
-
-    monkeypatch.setattr(dynamic, "_marked", [False])  # as in a process that never called mark_dynamic
-    compiled = torch.compile(lambda x: x * 2, backend="tpu", dynamic=True)
-    with pytest.raises(Exception, match="max_size"):
-        compiled(torch.randn(5).to(TPU))
+def test_dynamic_true_without_a_bound_runs_as_automatic_dynamic_shapes() -> None:
+    """``torch.compile(model, dynamic=True)`` as written for CUDA, no bound given: the token
+    count is bucketed as Dynamo's automatic dynamic shapes are (growing power-of-two
+    buckets, no bound needed), with the CPU's outputs and gradients; it raised an error
+    asking for ``max_size`` before. Counts 3..7 share one program per graph."""
+    cpu, dev = _pair(SwiGLU)
+    compiled = torch.compile(dev, backend="tpu", dynamic=True)
+    older = {id(gr) for gr in _graphs()}
+    g = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "runs at exact shapes" warning: nothing was asked for
+        for n in (5, 3, 7, 6):
+            x = torch.randn(n, 8, generator=g)
+            out = compiled(x.to(TPU))
+            assert_close(out, cpu(x))
+            out.square().sum().backward()
+            cpu(x).square().sum().backward()
+            for p_dev, p_cpu in zip(dev.parameters(), cpu.parameters()):
+                assert_close(p_dev.grad, p_cpu.grad)
+                p_dev.grad = p_cpu.grad = None
+    dynamic = [gr for gr in _graphs() if id(gr) not in older and gr.dynamic]
+    assert len(dynamic) == 2 and all(gr.plan is not None and len(gr.programs) == 1 for gr in dynamic)
 
 
 class Block(nn.Module):

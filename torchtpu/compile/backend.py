@@ -25,7 +25,7 @@ from .. import metrics
 from ..errors import TpuError
 from ..lowering.collectives import ReplicaLayout
 from . import layouts
-from .dynamic import BOUNDS_ATTR, SymbolBounds, batched_linears_apart, check_dynamic
+from .dynamic import BOUNDS_ATTR, SymbolBounds, batched_linears_apart
 from .fx_lowering import LOWERED_HIGHER_ORDER, CompiledGraph, OpByOpGraph
 
 _graph_ids = itertools.count()
@@ -297,15 +297,13 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options
     unknown = set(options) - set(KNOWN_OPTIONS)
     if unknown:
         raise TpuError(f"torchtpu: unknown torch.compile option(s) {sorted(unknown)} for backend 'tpu'; known: {list(KNOWN_OPTIONS)}")
-    check_dynamic(gm, example_inputs, options)
-    # bucket dynamic dims when asked (options, dynamic=True with a bound, or mark_dynamic);
-    # automatic dynamic shapes (a second size seen by Dynamo) are bucketed too, to the next
-    # power of two, where the graph is padding-safe (else exact shapes, without a warning)
-    explicit = not torch._dynamo.config.assume_static_by_default
-    # marked: this graph's own inputs carry mark_dynamic bounds (a process-wide "something
-    # was marked once" made Dynamo's automatic dynamic shapes of any later graph demand a bound)
+    # bucket dynamic dims to a bound when one is given (options, or mark_dynamic on this
+    # graph's own inputs); otherwise -- Dynamo's automatic dynamic shapes (a second size
+    # seen), and torch.compile(dynamic=True) without a bound, which compiles on CUDA
+    # without being told sizes -- to growing power-of-two buckets where the graph is
+    # padding-safe, else at exact shapes, without a warning
     marked = any(getattr(t, BOUNDS_ATTR, None) for t in example_inputs if isinstance(t, torch.Tensor))
-    bounded = bool(options.get("bounded_dynamism") or "max_size" in options or explicit or marked)
+    bounded = bool(options.get("bounded_dynamism") or "max_size" in options or marked)
     bounds = SymbolBounds(options.get("max_size"), automatic=not bounded)
     batched_linears_apart(gm)
     compile_aot = aot_autograd(

@@ -49,7 +49,6 @@ from ..errors import TpuError
 
 aten = torch.ops.aten
 BOUNDS_ATTR = "_torchtpu_bounds"
-_marked = [False]
 
 
 def mark_dynamic(t: torch.Tensor, dim: int, max_size: int) -> torch.Tensor:
@@ -64,21 +63,7 @@ def mark_dynamic(t: torch.Tensor, dim: int, max_size: int) -> torch.Tensor:
     bounds[dim] = max_size
     setattr(t, BOUNDS_ATTR, bounds)
     torch._dynamo.mark_dynamic(t, dim)
-    _marked[0] = True
     return t
-
-
-def check_dynamic(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict) -> None:
-    """Refuse ``dynamic=True`` without any bound, with what to do instead."""
-    explicit = not torch._dynamo.config.assume_static_by_default  # torch.compile(dynamic=True)
-    if explicit and "max_size" not in options and not _marked[0]:
-        raise TpuError(
-            "torchtpu: torch.compile(..., dynamic=True) needs a bound on the dynamic sizes: XLA programs have "
-            "static shapes, so backend 'tpu' runs dynamic dimensions through padded bucket programs up to a "
-            "maximum. Pass options={'max_size': N} (with dynamic=True or bounded_dynamism=True), or call "
-            "torchtpu.mark_dynamic(tensor, dim, max_size) on the inputs and drop dynamic=True."
-        )
-    return None
 
 
 def bucket(n: int, bound: int | None) -> int:
