@@ -287,4 +287,7 @@ def register_device() -> None:
     from .integrations import huggingface
 
     huggingface.install()
+    from .compile import default_backend
+
+    default_backend.install()  # torch.compile(model) with inductor, the default, on tpu tensors
     _backward_on_the_calling_thread()
