@@ -256,6 +256,26 @@ def test_backend_registered_at_import() -> None:
     assert dist.Backend.default_device_backend_map.get("tpu") == "tpu"
 
 
+@pytest.mark.slow  # two torchrun launches (make test-all); test_hf_stack.py checks the set-up in one process
+def test_hugging_face_trainer_under_torchrun_trains_ddp_as_on_the_cpu(tmp_path: Path) -> None:
+    """``torchrun --nproc-per-node=2`` of a Trainer script: accelerate initialises the "tpu"
+    process group and DDP, and the losses and weights are those of the same script on the
+    CPU (gloo). Before, accelerate found no distributed set-up for tpu: each rank trained
+    alone as process 0 of 1, on data it did not share."""
+    results = {}
+    for device in ("cpu", "tpu"):
+        out = tmp_path / device
+        out.mkdir()
+        torchrun(SCRIPTS / "hf_trainer.py", device, out=out)
+        results[device] = [_read(out, f"rank{r}.json") for r in range(2)]
+    for r, res in enumerate(results["tpu"]):
+        assert (res["backend"], res["world_size"], res["process_index"], res["device"]) == ("tpu", 2, r, "tpu:0"), res
+    cpu, tpu = results["cpu"][0], results["tpu"][0]
+    assert len(tpu["losses"]) == 3
+    assert tpu["losses"] == pytest.approx(cpu["losses"], rel=1e-5)
+    assert tpu["weights"] == pytest.approx(cpu["weights"], rel=1e-4, abs=1e-6)
+
+
 @pytest.mark.parametrize("defer", ["0", "1"], ids=["eager", "defer_and_fuse"])
 def test_single_process_group_collectives(tmp_path: Path, defer: str) -> None:
     """world_size 1: cheap coverage of the whole path, also with pending deferred work

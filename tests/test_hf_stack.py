@@ -117,6 +117,39 @@ def test_accelerate_load_state_restores_the_tpu_generator(tmp_path):
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
+def test_accelerate_under_torchrun_sets_up_the_tpu_process_group(tmp_path, monkeypatch):
+    """What accelerate does for a torchrun rank (``LOCAL_RANK`` set), in one process of a
+    world of 1: the "tpu" backend's process group, DDP's multi-process type and the rank's
+    tpu device. Before, it found no distributed set-up for tpu, and under torchrun each
+    rank trained alone (tests/test_distributed.py runs the Trainer on 2 ranks)."""
+    pytest.importorskip("accelerate")
+    import torch.distributed as dist
+    from accelerate.state import AcceleratorState, DistributedType, PartialState
+
+    for name, value in dict(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))  # else accelerate resets the thread count
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        state = PartialState()
+        assert dist.is_initialized() and dist.get_backend() == "tpu"
+        assert (state.backend, state.distributed_type, state.num_processes) == ("tpu", DistributedType.MULTI_CPU, 1)
+        assert state.device == torch.device("tpu", 0)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 # -- Trainer -----------------------------------------------------------------------------------
 class _TokenDataset(torch.utils.data.Dataset):
     def __init__(self, n: int = 24, length: int = 12, vocab: int = 64):

@@ -68,6 +68,40 @@ def extend_default_device(state_module: Any) -> None:
 
     default_device._torchtpu = True  # type: ignore[attr-defined]
     cls.default_device = property(default_device, doc=original.__doc__)
+    extend_distributed_setup(state_module)
+
+
+def extend_distributed_setup(state_module: Any) -> None:
+    """Wrap ``PartialState._prepare_backend`` and ``set_device`` (once): under torchrun
+    (``LOCAL_RANK`` set) accelerate picks a backend and a distributed type only for the
+    devices it knows, and for any other device answered "no distributed training": each
+    rank of ``torchrun --nproc-per-node=2`` then trained alone, on its own data, as process
+    0 of 1, silently. For tpu it now picks torch.distributed's "tpu" backend and puts each
+    process on its local rank's tpu device. The distributed type is accelerate's
+    MULTI_CPU: its DDP is ``DistributedDataParallel(model)``, which follows the module's
+    own device, where MULTI_GPU's passes ``device_ids=[local rank]`` and so assumes every
+    process sees all devices (on the cpu platform each process has one tpu device, and rank
+    1 asked for tpu:1); its collectives, samplers and autocast (``state.device.type``) are
+    those of the other multi-process types."""
+    cls = state_module.PartialState
+    prepare, set_device = cls._prepare_backend, cls.set_device
+    kinds = state_module.DistributedType
+
+    def _prepare_backend(self: Any, cpu: bool = False, sagemaker_dp: bool = False, backend: str | None = None) -> Any:
+        chosen, kind = prepare(self, cpu, sagemaker_dp, backend)
+        launched = int(os.environ.get("LOCAL_RANK", -1)) != -1
+        if kind == kinds.NO and launched and not cpu and _tpu_is_current_accelerator():
+            return backend or "tpu", kinds.MULTI_CPU
+        return chosen, kind
+
+    def _set_device(self: Any) -> None:
+        if self.device is None and self.backend is not None and self.backend.split(":")[-1] == "tpu":
+            self.device = torch.device("tpu", self.local_process_index % torch.tpu.device_count())
+            torch.tpu.set_device(self.device)
+            return
+        set_device(self)
+
+    cls._prepare_backend, cls.set_device = _prepare_backend, _set_device
 
 
 def extend_rng_checkpoints(trainer_module: Any) -> None:
