@@ -83,9 +83,10 @@ def extend_distributed_setup(state_module: Any) -> None:
     process sees all devices (on the cpu platform each process has one tpu device, and rank
     1 asked for tpu:1); its collectives, samplers and autocast (``state.device.type``) are
     those of the other multi-process types."""
-    cls = state_module.PartialState
-    prepare, set_device = cls._prepare_backend, cls.set_device
-    kinds = state_module.DistributedType
+    cls, kinds = state_module.PartialState, getattr(state_module, "DistributedType", None)
+    prepare, set_device = getattr(cls, "_prepare_backend", None), getattr(cls, "set_device", None)
+    if prepare is None or set_device is None or not hasattr(kinds, "MULTI_CPU"):
+        return  # an accelerate without these: leave it alone
 
     def _prepare_backend(self: Any, cpu: bool = False, sagemaker_dp: bool = False, backend: str | None = None) -> Any:
         chosen, kind = prepare(self, cpu, sagemaker_dp, backend)
