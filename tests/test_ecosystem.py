@@ -51,7 +51,8 @@ def _llama() -> nn.Module:
     return transformers.LlamaForCausalLM(config)
 
 
-@pytest.mark.parametrize("mode", ["eager", "defer", pytest.param("compile", marks=pytest.mark.slow)])
+# DeferAndFuse and compiled in make test-all (5 and 7 s; make test keeps eager)
+@pytest.mark.parametrize("mode", ["eager", pytest.param("defer", marks=pytest.mark.slow), pytest.param("compile", marks=pytest.mark.slow)])
 def test_lora_fine_tuning_and_merge_match_the_cpu(mode: str) -> None:
     """LoRA on q/v projections (lora_B drawn non-zero, so the adapters change the output
     from the first step), three AdamW steps on the adapters only, then
