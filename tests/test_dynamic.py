@@ -82,13 +82,20 @@ def test_dynamic_true_without_a_bound_runs_as_automatic_dynamic_shapes() -> None
     count is bucketed as Dynamo's automatic dynamic shapes are (growing power-of-two
     buckets, no bound needed), with the CPU's outputs and gradients; it raised an error
     asking for ``max_size`` before. Counts 3..7 share one program per graph."""
+    _assert_swiglu_token_counts_bucket_quietly(dynamic=True, counts=(5, 3, 7, 6), seed=1)
+
+
+def _assert_swiglu_token_counts_bucket_quietly(dynamic: bool | None, counts: tuple[int, ...], seed: int) -> None:
+    """SwiGLU compiled without a bound, run at each token count of ``counts`` (3..7): the
+    CPU's outputs and gradients, no warning, and one bucket program per graph (forward
+    and backward)."""
     cpu, dev = _pair(SwiGLU)
-    compiled = torch.compile(dev, backend="tpu", dynamic=True)
+    compiled = torch.compile(dev, backend="tpu", dynamic=dynamic)  # None: automatic dynamic shapes
     older = {id(gr) for gr in _graphs()}
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "runs at exact shapes" warning: nothing was asked for
-        for n in (5, 3, 7, 6):
+        for n in counts:
             x = torch.randn(n, 8, generator=g)
             out = compiled(x.to(TPU))
             assert_close(out, cpu(x))
@@ -97,8 +104,8 @@ def test_dynamic_true_without_a_bound_runs_as_automatic_dynamic_shapes() -> None
             for p_dev, p_cpu in zip(dev.parameters(), cpu.parameters()):
                 assert_close(p_dev.grad, p_cpu.grad)
                 p_dev.grad = p_cpu.grad = None
-    dynamic = [gr for gr in _graphs() if id(gr) not in older and gr.dynamic]
-    assert len(dynamic) == 2 and all(gr.plan is not None and len(gr.programs) == 1 for gr in dynamic)
+    dynamic_graphs = [gr for gr in _graphs() if id(gr) not in older and gr.dynamic]
+    assert len(dynamic_graphs) == 2 and all(gr.plan is not None and len(gr.programs) == 1 for gr in dynamic_graphs)
 
 
 class Block(nn.Module):
@@ -389,23 +396,7 @@ def test_automatic_dynamic_shapes_are_bucketed_without_a_bound() -> None:
     size (automatic dynamic shapes), as for an expert's share of a mixture of experts. The
     graphs are bucketed (to the next power of two above 1.25 n: no bound needed), and a
     symbol's bucket only grows, so counts that wander below 8 keep to one program each."""
-    cpu, dev = _pair(SwiGLU)
-    compiled = torch.compile(dev, backend="tpu")
-    older = {id(gr) for gr in _graphs()}
-    g = torch.Generator().manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for n in (3, 5, 7, 6, 4, 6, 7, 5):
-            x = torch.randn(n, 8, generator=g)
-            out = compiled(x.to(TPU))
-            assert_close(out, cpu(x))
-            out.square().sum().backward()
-            cpu(x).square().sum().backward()
-            for p_dev, p_cpu in zip(dev.parameters(), cpu.parameters()):
-                assert_close(p_dev.grad, p_cpu.grad)
-                p_dev.grad = p_cpu.grad = None
-    dynamic = [gr for gr in _graphs() if id(gr) not in older and gr.dynamic]
-    assert len(dynamic) == 2 and all(gr.plan is not None and len(gr.programs) == 1 for gr in dynamic)
+    _assert_swiglu_token_counts_bucket_quietly(dynamic=None, counts=(3, 5, 7, 6, 4, 6, 7, 5), seed=0)
 
 
 def test_uploaded_ids_of_varying_length_are_padded_on_the_device() -> None:

@@ -217,6 +217,21 @@ def test_trainer_on_tpu_matches_cpu(tmp_path):
     torch.testing.assert_close(params_tpu, params_cpu)
 
 
+def test_trainer_torch_compile_true_compiles_for_tpu_with_the_cpus_losses(tmp_path):
+    """``torch_compile=True`` (accelerate compiles the model with inductor, the default
+    backend: tests/test_default_backend.py) trains with XLA programs and gives the eager
+    CPU run's losses and weights."""
+    pytest.importorskip("accelerate")
+    import torchtpu
+
+    before = torchtpu.metrics.snapshot()["compiles"]
+    losses, params, _ = _train(False, tmp_path, torch_compile=True)
+    assert torchtpu.metrics.snapshot()["compiles"] > before
+    losses_cpu, params_cpu, _ = _train(True, tmp_path)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(losses_cpu))
+    torch.testing.assert_close(params, params_cpu)
+
+
 def test_trainer_resumed_from_a_checkpoint_draws_the_uninterrupted_runs_dropout_masks(tmp_path):
     """A checkpoint at step 2 of 4 (dropout 0.3, two micro-batches per step), resumed in a
     new Trainer: the resumed steps give the uninterrupted run's losses and weights exactly,
