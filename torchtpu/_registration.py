@@ -287,6 +287,9 @@ def register_device() -> None:
     from .integrations import huggingface
 
     huggingface.install()
+    from .integrations import flex_attention
+
+    flex_attention.install()  # flex_attention's device check lets tpu through
     from .compile import default_backend
 
     default_backend.install()  # torch.compile(model) with inductor, the default, on tpu tensors

@@ -32,14 +32,14 @@ imported, or at once if it already was.
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import inspect
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from .on_import import Extension, extend_on_import
 
 _STATE_MODULE = "accelerate.state"
 _CHECKPOINTING_MODULE = "accelerate.checkpointing"
@@ -197,45 +197,13 @@ def _accelerate_rng_file(checkpointing: Any, arguments: dict[str, Any]) -> str:
 
 
 # module name -> what extends it once loaded
-_EXTENSIONS: dict[str, Callable[[Any], None]] = {
+_EXTENSIONS: dict[str, Extension] = {
     _STATE_MODULE: extend_default_device,
     _CHECKPOINTING_MODULE: extend_accelerate_checkpoints,
     _TRAINER_MODULE: extend_rng_checkpoints,
 }
 
 
-class _ExtendOnImport(importlib.abc.MetaPathFinder):
-    """Finds the modules of ``_EXTENSIONS`` through the other finders and extends each once loaded."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        extend = _EXTENSIONS.get(fullname)
-        if extend is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module = loader.exec_module
-
-        def exec_and_extend(module: Any) -> None:
-            exec_module(module)
-            extend(module)
-
-        loader.exec_module = exec_and_extend  # this spec's loader only
-        return spec
-
-
 def install() -> None:
     """Extend accelerate and the Trainer now where they are loaded, else when first imported."""
-    for name, extend in _EXTENSIONS.items():
-        if name in sys.modules:
-            extend(sys.modules[name])
-    if not all(name in sys.modules for name in _EXTENSIONS) and not any(isinstance(f, _ExtendOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _ExtendOnImport())
+    extend_on_import(_EXTENSIONS)
