@@ -1,9 +1,11 @@
 """``flex_attention`` on tpu (torchtpu/integrations/flex_attention.py): its device check
-refused tpu tensors. Forward and backward, eager and compiled, against
+refused tpu tensors, and compiled it left its graph running op by op. Forward and backward, eager and compiled, against
 ``scaled_dot_product_attention`` on the CPU with the same bias or mask written out as a
 dense matrix (the CPU's flex_attention has no backward)."""
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -46,11 +48,16 @@ def _bias_matrix(device: str = "cpu") -> torch.Tensor:
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compile"])
 def test_score_mod_forward_and_backward(compiled: bool) -> None:
+    """Compiled, flex_attention becomes part of the graph's XLA programs (its dense form,
+    torchtpu/compile/flex_attention.py): no graph falls back to running op by op."""
     fn = torch.compile(flex_attention, backend="tpu") if compiled else flex_attention
-    _compare(
-        lambda q, k, v: fn(q, k, v, score_mod=_relative_bias),
-        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=_bias_matrix()),
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _compare(
+            lambda q, k, v: fn(q, k, v, score_mod=_relative_bias),
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=_bias_matrix()),
+        )
+    assert not [w for w in caught if "op by op" in str(w.message)]
 
 
 def test_block_mask_of_packed_documents_with_grouped_query_attention() -> None:

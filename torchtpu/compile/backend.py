@@ -26,6 +26,7 @@ from ..errors import TpuError
 from ..lowering.collectives import ReplicaLayout
 from . import layouts
 from .dynamic import BOUNDS_ATTR, SymbolBounds, batched_linears_apart
+from .flex_attention import inline_flex_attention
 from .fx_lowering import LOWERED_HIGHER_ORDER, CompiledGraph, OpByOpGraph
 
 _graph_ids = itertools.count()
@@ -306,6 +307,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options
     bounded = bool(options.get("bounded_dynamism") or "max_size" in options or marked)
     bounds = SymbolBounds(options.get("max_size"), automatic=not bounded)
     batched_linears_apart(gm)
+    inline_flex_attention(gm)
     compile_aot = aot_autograd(
         fw_compiler=_compiler("forward", bounds),
         bw_compiler=_compiler("backward", bounds),

@@ -5,8 +5,9 @@ flex_attention checks the device of its inputs against a fixed list (CUDA, CPU, 
 ordinary PyTorch on tpu: in eager mode its higher-order op runs the dense reference
 implementation (the score and mask modifications applied to the full score matrix) with
 tpu ops and its autograd formula, and under ``torch.compile(backend="tpu")`` the same
-dense graph becomes part of the XLA program. So the check lets tpu through, with
-backward (the CPU refuses backward); every other device is checked as before.
+dense form becomes part of the XLA program (torchtpu/compile/flex_attention.py). So the
+check lets tpu through, with backward (the CPU refuses backward); every other device is
+checked as before.
 
 (transformers keeps its ``attn_implementation="flex_attention"`` off whenever the device
 type is named "tpu", for Google's TorchTPU; that choice is transformers' own.)

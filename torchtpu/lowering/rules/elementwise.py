@@ -726,7 +726,10 @@ def lerp(L: NodeLowering, x: Value, end: Value, weight: Any) -> Value:
 
 # -- dtype conversion and copies ----------------------------------------------------------------
 @register(aten._to_copy.default)
-def to_copy(L: NodeLowering, x: Value, **kwargs: Any) -> Value:
+def to_copy(L: NodeLowering, x: Value | complex, **kwargs: Any) -> Value:
+    if isinstance(x, (bool, int, float, complex)):  # a Python number where the schema has a Tensor
+        # (torch.ops wraps it in a 0-dim tensor; flex_attention's score modifications trace so)
+        return L.full(x, L.out[0].shape, L.out[0].dtype)
     return L.to(x, L.out[0].dtype)
 
 
