@@ -150,6 +150,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_flex_attention_implementation_matches_the_cpus_sdpa():
+    """``attn_implementation="flex_attention"`` on tpu (transformers raised "PyTorch Flex
+    Attention is not supported on TPU" for any device named tpu): a Llama with a padded
+    batch gives the logits and gradients of the same weights under sdpa on the CPU."""
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
+    torch.manual_seed(0)
+    # a config each: _from_config writes the implementation into the config it is given
+    cpu = transformers.LlamaForCausalLM._from_config(copy.deepcopy(config), attn_implementation="sdpa")
+    tpu = transformers.LlamaForCausalLM._from_config(copy.deepcopy(config), attn_implementation="flex_attention")
+    tpu.load_state_dict(cpu.state_dict())
+    tpu.to("tpu")
+    assert tpu.config._attn_implementation == "flex_attention"
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, :3] = 0  # left padding
+    want = cpu(ids, attention_mask=mask, labels=ids)
+    got = tpu(ids.to("tpu"), attention_mask=mask.to("tpu"), labels=ids.to("tpu"))
+    want.loss.backward()
+    got.loss.backward()
+    keep = mask.bool()  # padded query rows are undefined under either implementation
+    torch.testing.assert_close(got.logits.detach().cpu()[keep], want.logits.detach()[keep])
+    for (name, p_tpu), p_cpu in zip(tpu.named_parameters(), cpu.parameters()):
+        torch.testing.assert_close(p_tpu.grad.cpu(), p_cpu.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
 # -- Trainer -----------------------------------------------------------------------------------
 class _TokenDataset(torch.utils.data.Dataset):
     def __init__(self, n: int = 24, length: int = 12, vocab: int = 64):

@@ -9,8 +9,8 @@ dense form becomes part of the XLA program (torchtpu/compile/flex_attention.py).
 check lets tpu through, with backward (the CPU refuses backward); every other device is
 checked as before.
 
-(transformers keeps its ``attn_implementation="flex_attention"`` off whenever the device
-type is named "tpu", for Google's TorchTPU; that choice is transformers' own.)
+(transformers turned its ``attn_implementation="flex_attention"`` off for any device named
+"tpu", for Google's TorchTPU; integrations/huggingface.py turns it back on for torchtpu's.)
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Hugging Face: make ``accelerate`` pick the tpu device, as transformers already does, and
-make the ``Trainer``'s checkpoints carry the tpu generator's state, as they carry CUDA's.
+make the ``Trainer``'s checkpoints carry the tpu generator's state, as they carry CUDA's;
+accelerate's set-up under torchrun; transformers' flex_attention switch.
 
 transformers (>= 5.23) selects "tpu" by itself: ``TrainingArguments.device`` asks
 ``torch.accelerator.current_accelerator()``, and pipelines accept ``device="tpu"``. The
@@ -44,6 +45,7 @@ from .on_import import Extension, extend_on_import
 _STATE_MODULE = "accelerate.state"
 _CHECKPOINTING_MODULE = "accelerate.checkpointing"
 _TRAINER_MODULE = "transformers.trainer"
+_IMPORT_UTILS_MODULE = "transformers.utils.import_utils"
 # the entry accelerate's RNG file gets, named as accelerate names CUDA's ("torch_cuda_manual_seed")
 _ACCELERATE_TPU_KEY = "torch_tpu_manual_seed"
 
@@ -196,11 +198,37 @@ def _accelerate_rng_file(checkpointing: Any, arguments: dict[str, Any]) -> str:
     return os.path.join(directory, f"{checkpointing.RNG_STATE_NAME}_{arguments['process_index']}.pkl")
 
 
+def extend_flex_attention_switch(import_utils: Any) -> None:
+    """Wrap ``import_utils.is_torch_flex_attn_available`` (once), where transformers said
+    "not available" for any device named tpu -- Google's TorchTPU, whose tensors
+    flex_attention refuses -- and raised "PyTorch Flex Attention is not supported on TPU"
+    for ``attn_implementation="flex_attention"``. torchtpu's tpu runs flex_attention
+    (integrations/flex_attention.py), so where it is the current accelerator the answer is
+    torch's. ``transformers.utils`` re-exports the function: rebound there too when it has
+    it already (transformers can be imported before torch, hence before torchtpu)."""
+    original = getattr(import_utils, "is_torch_flex_attn_available", None)
+    if original is None or getattr(original, "_torchtpu", False):
+        return
+
+    @functools.lru_cache
+    def is_torch_flex_attn_available() -> bool:
+        return import_utils.is_torch_available() if _tpu_is_current_accelerator() else original()
+
+    is_torch_flex_attn_available._torchtpu = True  # type: ignore[attr-defined]
+    constant = getattr(import_utils, "_make_compile_constant", None)  # Dynamo folds the answer, as it folds the original
+    wrapped = constant(is_torch_flex_attn_available) if constant is not None else is_torch_flex_attn_available
+    import_utils.is_torch_flex_attn_available = wrapped
+    utils = sys.modules.get("transformers.utils")
+    if utils is not None and getattr(utils, "is_torch_flex_attn_available", None) is original:
+        utils.is_torch_flex_attn_available = wrapped
+
+
 # module name -> what extends it once loaded
 _EXTENSIONS: dict[str, Extension] = {
     _STATE_MODULE: extend_default_device,
     _CHECKPOINTING_MODULE: extend_accelerate_checkpoints,
     _TRAINER_MODULE: extend_rng_checkpoints,
+    _IMPORT_UTILS_MODULE: extend_flex_attention_switch,
 }
 
 
