@@ -53,7 +53,7 @@ def install() -> None:
 
 def computes_on_tpu(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> bool:
     """Whether a graph takes tpu tensors (parameters are inputs too) or makes any."""
-    if any(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in inputs):
+    if any(_is_tpu_tensor(t) for t in inputs):
         return True
     # Dynamo's graphs record each node's fake value as "example_value", AOTAutograd's as "val"
     return any(_is_tpu_tensor(node.meta.get("example_value", node.meta.get("val"))) for node in gm.graph.nodes)

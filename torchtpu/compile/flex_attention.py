@@ -19,7 +19,7 @@ def inline_flex_attention(gm: torch.fx.GraphModule) -> int:
     """Swap ``sdpa_dense`` in for every flex_attention call of Dynamo's graph ``gm``
     (same arguments, same (output, logsumexp, max scores) result). Returns how many."""
     hop = getattr(torch.ops.higher_order, "flex_attention", None)
-    calls = [n for n in gm.graph.nodes if n.op == "call_function" and hop is not None and n.target is hop]
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is hop] if hop is not None else []
     if not calls:
         return 0
     from torch._higher_order_ops.flex_attention import sdpa_dense

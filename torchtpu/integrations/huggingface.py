@@ -26,8 +26,8 @@ had the same gap (its RNG file, ``random_states_<process>.pkl``, knows CUDA, XPU
 ...), closed the same way with a ``"torch_tpu_manual_seed"`` entry.
 
 Neither library is imported here: each extension is applied when its module
-(``accelerate.state``, ``accelerate.checkpointing``, ``transformers.trainer``) is first
-imported, or at once if it already was.
+(``accelerate.state``, ``accelerate.checkpointing``, ``transformers.trainer``,
+``transformers.utils.import_utils``) is first imported, or at once if it already was.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import functools
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -114,26 +115,18 @@ def extend_rng_checkpoints(trainer_module: Any) -> None:
     if save is None or load is None or getattr(save, "_torchtpu", False):
         return  # a transformers without these methods: leave it alone
 
+    def read(path: str) -> dict[str, Any]:  # as the Trainer reads it (weights only; numpy's state allowed)
+        with trainer_module.safe_globals():
+            return torch.load(path, weights_only=True)
+
     def _save_rng_state(self: Any, output_dir: str) -> None:
         save(self, output_dir)
-        path = _rng_file(self, output_dir)
-        if _tpu_is_current_accelerator() and os.path.isfile(path):
-            states = _load_rng_file(trainer_module, path)
-            states["tpu"] = torch.tpu.get_rng_state_all() if _distributed(self, trainer_module) else torch.tpu.get_rng_state()
-            torch.save(states, path)
+        _add_tpu_rng_state(_rng_file(self, output_dir), "tpu", read, every_device=_distributed(self, trainer_module))
 
     def _load_rng_state(self: Any, checkpoint: str | None) -> None:
         load(self, checkpoint)
-        path = None if checkpoint is None else _rng_file(self, checkpoint)
-        if path is None or not _tpu_is_current_accelerator() or not os.path.isfile(path):
-            return
-        state = _load_rng_file(trainer_module, path).get("tpu")
-        if state is None:
-            return  # written by a Trainer without this extension: the Trainer's own reproducibility caveat holds
-        if _distributed(self, trainer_module):
-            torch.tpu.set_rng_state_all(state)
-        else:
-            torch.tpu.set_rng_state(state)
+        if checkpoint is not None:
+            _restore_tpu_rng_state(_rng_file(self, checkpoint), "tpu", read, every_device=_distributed(self, trainer_module))
 
     _save_rng_state._torchtpu = True  # type: ignore[attr-defined]
     cls._save_rng_state, cls._load_rng_state = _save_rng_state, _load_rng_state
@@ -144,12 +137,6 @@ def _rng_file(trainer: Any, directory: str) -> str:
     reads (transformers 5.23): one per process when training on several."""
     name = "rng_state.pth" if trainer.args.world_size <= 1 else f"rng_state_{trainer.args.process_index}.pth"
     return os.path.join(directory, name)
-
-
-def _load_rng_file(trainer_module: Any, path: str) -> dict[str, Any]:
-    """The Trainer's RNG file, read as the Trainer reads it (weights only; numpy's state allowed)."""
-    with trainer_module.safe_globals():
-        return torch.load(path, weights_only=True)
 
 
 def _distributed(trainer: Any, trainer_module: Any) -> bool:
@@ -168,19 +155,13 @@ def extend_accelerate_checkpoints(checkpointing: Any) -> None:
     def save_accelerator_state(*args: Any, **kwargs: Any) -> Any:
         output_dir = save(*args, **kwargs)
         path = _accelerate_rng_file(checkpointing, save_signature.bind(*args, **kwargs).arguments)
-        if _tpu_is_current_accelerator() and os.path.isfile(path):
-            states = checkpointing.load(path)
-            states[_ACCELERATE_TPU_KEY] = torch.tpu.get_rng_state_all()
-            torch.save(states, path)
+        _add_tpu_rng_state(path, _ACCELERATE_TPU_KEY, checkpointing.load, every_device=True)
         return output_dir
 
     def load_accelerator_state(*args: Any, **kwargs: Any) -> Any:
         overrides = load(*args, **kwargs)
         path = _accelerate_rng_file(checkpointing, load_signature.bind(*args, **kwargs).arguments)
-        if _tpu_is_current_accelerator() and os.path.isfile(path):
-            state = checkpointing.load(path).get(_ACCELERATE_TPU_KEY)
-            if state is not None:  # absent from a checkpoint written without this extension
-                torch.tpu.set_rng_state_all(state)
+        _restore_tpu_rng_state(path, _ACCELERATE_TPU_KEY, checkpointing.load, every_device=True)
         return overrides
 
     save_accelerator_state._torchtpu = True  # type: ignore[attr-defined]
@@ -196,6 +177,31 @@ def _accelerate_rng_file(checkpointing: Any, arguments: dict[str, Any]) -> str:
     """accelerate's RNG file of this call's directory and process (accelerate 1.15)."""
     directory = arguments.get("output_dir", arguments.get("input_dir"))
     return os.path.join(directory, f"{checkpointing.RNG_STATE_NAME}_{arguments['process_index']}.pkl")
+
+
+def _add_tpu_rng_state(path: str, key: str, read: Callable[[str], dict[str, Any]], every_device: bool) -> None:
+    """Add the tpu generator's state under ``key`` to the RNG file a library just wrote at
+    ``path`` (read back with ``read``, the library's own loader): every device's state
+    (``get_rng_state_all``) where the library saves CUDA's so, else the current device's."""
+    if _tpu_is_current_accelerator() and os.path.isfile(path):
+        states = read(path)
+        states[key] = torch.tpu.get_rng_state_all() if every_device else torch.tpu.get_rng_state()
+        torch.save(states, path)
+
+
+def _restore_tpu_rng_state(path: str, key: str, read: Callable[[str], dict[str, Any]], every_device: bool) -> None:
+    """Restore the tpu generator from the RNG file at ``path``, if it has ``key``: a file
+    written without this extension has not, and the library's own reproducibility caveat
+    holds then."""
+    if not _tpu_is_current_accelerator() or not os.path.isfile(path):
+        return
+    state = read(path).get(key)
+    if state is None:
+        return
+    if every_device:
+        torch.tpu.set_rng_state_all(state)
+    else:
+        torch.tpu.set_rng_state(state)
 
 
 def extend_flex_attention_switch(import_utils: Any) -> None:
@@ -233,5 +239,5 @@ _EXTENSIONS: dict[str, Extension] = {
 
 
 def install() -> None:
-    """Extend accelerate and the Trainer now where they are loaded, else when first imported."""
+    """Apply ``_EXTENSIONS`` now where their modules are loaded, else when first imported."""
     extend_on_import(_EXTENSIONS)
