@@ -125,6 +125,7 @@ def test_accelerate_under_torchrun_sets_up_the_tpu_process_group(tmp_path, monke
     pytest.importorskip("accelerate")
     import torch.distributed as dist
     from accelerate.state import AcceleratorState, DistributedType, PartialState
+    from test_distributed import _free_port
 
     for name, value in dict(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
         monkeypatch.setenv(name, value)
@@ -140,14 +141,6 @@ def test_accelerate_under_torchrun_sets_up_the_tpu_process_group(tmp_path, monke
         AcceleratorState._reset_state(reset_partial_state=True)
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_flex_attention_implementation_matches_the_cpus_sdpa():
