@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from .. import config, metrics
-from ..errors import TpuError
+from ..errors import TpuError, one_device_error
 from ..runtime import pjrt, platforms
 from . import _fsdp
 from ._work import CHECK_SLOT_BYTES, CrossRankCheck, TpuWork, completed
@@ -136,6 +136,17 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def getGroupDesc(self) -> str:
         return self._group_desc
+
+    # c10d asks the backend of the device given to init_process_group(device_id=...) (Lightning
+    # and torchtitan give one) whether it splits communicators; a Python group is its own backend
+    # for every device, connected at creation, and splits nothing (new groups are made afresh).
+    supports_splitting = False
+
+    def _get_backend(self, device: torch.device) -> TpuProcessGroup:
+        device = torch.device(device)
+        if device.type == "tpu" and device.index not in (None, 0):
+            raise one_device_error(device.index)
+        return self
 
     def _label(self) -> str:
         return f"{self._group_desc or 'group'} (name {self._group_name!r})"
