@@ -276,6 +276,52 @@ def test_hugging_face_trainer_under_torchrun_trains_ddp_as_on_the_cpu(tmp_path: 
     assert tpu["weights"] == pytest.approx(cpu["weights"], rel=1e-4, abs=1e-6)
 
 
+@pytest.mark.slow  # two torchrun launches of 2 processes (about 40 s); test_lightning.py keeps one device in make test
+def test_lightning_ddp_under_torchrun_trains_as_on_the_cpu(tmp_path: Path) -> None:
+    """``torchrun --nproc-per-node=2`` of a Lightning ``Trainer`` and a ``Fabric`` loop,
+    both ``strategy="ddp"``: the "tpu" process group, each rank on tpu:0, and the losses of
+    the same script on the CPU (gloo). Before, Lightning's DDP passed the tpu device to
+    ``init_process_group(device_id=...)``, which torchtpu's group refused ("No backend type
+    associated with device type tpu"), and built the model in a ``torch.cuda.Stream``."""
+    pytest.importorskip("lightning")
+    results = {}
+    for device in ("cpu", "tpu"):
+        out = tmp_path / device
+        out.mkdir()
+        torchrun(SCRIPTS / "lightning_ddp.py", device, out=out)
+        results[device] = [_read(out, f"rank{r}.json") for r in range(2)]
+    for r, res in enumerate(results["tpu"]):
+        trainer = res["trainer"]
+        assert (trainer["strategy"], trainer["backend"], trainer["world_size"], trainer["rank"], trainer["device"]) == (
+            "DDPStrategy", "tpu", 2, r, "tpu:0"
+        ), trainer
+        assert (res["fabric"]["device"], res["fabric"]["world_size"]) == ("tpu:0", 2)
+    cpu, tpu = results["cpu"][0], results["tpu"][0]
+    assert len(tpu["trainer"]["losses"]) == 4 and len(tpu["fabric"]["losses"]) == 2
+    assert tpu["trainer"]["losses"] == pytest.approx(cpu["trainer"]["losses"], rel=1e-5)
+    assert tpu["fabric"]["losses"] == pytest.approx(cpu["fabric"]["losses"], rel=1e-5)
+
+
+def test_init_process_group_with_a_device_id(tmp_path: Path) -> None:
+    """``init_process_group("tpu", device_id=torch.device("tpu", 0))``, the eager form
+    Lightning and torchtitan use, then a new group and a ``DeviceMesh`` from it. Before,
+    c10d asked the group for the device's backend and got "No backend type associated with
+    device type tpu"."""
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        f"dist.init_process_group('tpu', init_method='file://{tmp_path}/store', rank=0, world_size=1, device_id=torch.device('tpu', 0))\n"
+        "t = torch.ones(3, device='tpu')\n"
+        "dist.all_reduce(t, group=dist.new_group([0]))\n"
+        "dist.all_reduce(t, group=init_device_mesh('tpu', (1,)).get_group())\n"
+        "assert torch.equal(t.cpu(), torch.ones(3)), t\n"
+        "print('OK')\n"
+        "dist.destroy_process_group()\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr[-3000:]
+
+
 @pytest.mark.parametrize("defer", ["0", "1"], ids=["eager", "defer_and_fuse"])
 def test_single_process_group_collectives(tmp_path: Path, defer: str) -> None:
     """world_size 1: cheap coverage of the whole path, also with pending deferred work

@@ -287,6 +287,9 @@ def register_device() -> None:
     from .integrations import huggingface
 
     huggingface.install()
+    from .integrations import lightning
+
+    lightning.install()  # Trainer(accelerator="tpu") and Fabric on torchtpu's device
     from .integrations import flex_attention
 
     flex_attention.install()  # flex_attention's device check lets tpu through

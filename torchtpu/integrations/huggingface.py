@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from . import tpu_is_current_accelerator
 from .on_import import Extension, extend_on_import
 
 _STATE_MODULE = "accelerate.state"
@@ -49,11 +50,6 @@ _TRAINER_MODULE = "transformers.trainer"
 _IMPORT_UTILS_MODULE = "transformers.utils.import_utils"
 # the entry accelerate's RNG file gets, named as accelerate names CUDA's ("torch_cuda_manual_seed")
 _ACCELERATE_TPU_KEY = "torch_tpu_manual_seed"
-
-
-def _tpu_is_current_accelerator() -> bool:
-    accelerator = torch.accelerator.current_accelerator()
-    return accelerator is not None and accelerator.type == "tpu"
 
 
 def extend_default_device(state_module: Any) -> None:
@@ -65,7 +61,7 @@ def extend_default_device(state_module: Any) -> None:
 
     def default_device(self: Any) -> torch.device:
         device = original.fget(self)
-        if device.type == "cpu" and _tpu_is_current_accelerator():
+        if device.type == "cpu" and tpu_is_current_accelerator():
             return torch.device("tpu", torch.accelerator.current_device_index())
         return device
 
@@ -94,7 +90,7 @@ def extend_distributed_setup(state_module: Any) -> None:
     def _prepare_backend(self: Any, cpu: bool = False, sagemaker_dp: bool = False, backend: str | None = None) -> Any:
         chosen, kind = prepare(self, cpu, sagemaker_dp, backend)
         launched = int(os.environ.get("LOCAL_RANK", -1)) != -1
-        if kind == kinds.NO and launched and not cpu and _tpu_is_current_accelerator():
+        if kind == kinds.NO and launched and not cpu and tpu_is_current_accelerator():
             return backend or "tpu", kinds.MULTI_CPU
         return chosen, kind
 
@@ -183,7 +179,7 @@ def _add_tpu_rng_state(path: str, key: str, read: Callable[[str], dict[str, Any]
     """Add the tpu generator's state under ``key`` to the RNG file a library just wrote at
     ``path`` (read back with ``read``, the library's own loader): every device's state
     (``get_rng_state_all``) where the library saves CUDA's so, else the current device's."""
-    if _tpu_is_current_accelerator() and os.path.isfile(path):
+    if tpu_is_current_accelerator() and os.path.isfile(path):
         states = read(path)
         states[key] = torch.tpu.get_rng_state_all() if every_device else torch.tpu.get_rng_state()
         torch.save(states, path)
@@ -193,7 +189,7 @@ def _restore_tpu_rng_state(path: str, key: str, read: Callable[[str], dict[str, 
     """Restore the tpu generator from the RNG file at ``path``, if it has ``key``: a file
     written without this extension has not, and the library's own reproducibility caveat
     holds then."""
-    if not _tpu_is_current_accelerator() or not os.path.isfile(path):
+    if not tpu_is_current_accelerator() or not os.path.isfile(path):
         return
     state = read(path).get(key)
     if state is None:
@@ -218,7 +214,7 @@ def extend_flex_attention_switch(import_utils: Any) -> None:
 
     @functools.lru_cache
     def is_torch_flex_attn_available() -> bool:
-        return import_utils.is_torch_available() if _tpu_is_current_accelerator() else original()
+        return import_utils.is_torch_available() if tpu_is_current_accelerator() else original()
 
     is_torch_flex_attn_available._torchtpu = True  # type: ignore[attr-defined]
     constant = getattr(import_utils, "_make_compile_constant", None)  # Dynamo folds the answer, as it folds the original

@@ -1,0 +1,83 @@
+"""PyTorch Lightning under torchrun: ``lightning_ddp.py cpu|tpu``. A ``Trainer`` with
+``strategy="ddp"`` and then a ``Fabric`` loop with ``strategy="ddp"``, both on 2 devices.
+Each rank reports what Lightning set up (strategy, process-group backend, world size, rank,
+device) and the losses it saw (averaged over the ranks)."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from _common import report
+from torch.utils.data import DataLoader, TensorDataset
+
+warnings.filterwarnings("ignore")
+import lightning as L  # noqa: E402
+
+
+def _data() -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(64, 8, generator=g), torch.randn(64, 1, generator=g))
+
+
+def _net() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+
+class Regressor(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _net()
+        self.losses: list[float] = []
+
+    def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.mse_loss(self.net(x), y)
+        self.log("loss", loss, sync_dist=True)
+        self.losses.append(self.all_gather(loss.detach()).mean().item())
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+
+def trainer_run(device: str) -> dict:
+    L.seed_everything(0, verbose=False)
+    model = Regressor()
+    trainer = L.Trainer(
+        accelerator=device, devices=2, strategy="ddp", max_epochs=2, logger=False,
+        enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+    )
+    trainer.fit(model, DataLoader(_data(), batch_size=16))
+    return {
+        "strategy": type(trainer.strategy).__name__,
+        "backend": torch.distributed.get_backend(),
+        "world_size": trainer.world_size,
+        "rank": trainer.global_rank,
+        "device": str(trainer.strategy.root_device),
+        "losses": model.losses,
+    }
+
+
+def fabric_run(device: str) -> dict:
+    fabric = L.Fabric(accelerator=device, devices=2, strategy="ddp")
+    fabric.launch()
+    fabric.seed_everything(0)
+    model = _net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, optimizer = fabric.setup(model, optimizer)
+    losses = []
+    for x, y in fabric.setup_dataloaders(DataLoader(_data(), batch_size=16)):
+        loss = F.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        fabric.backward(loss)
+        optimizer.step()
+        losses.append(fabric.all_reduce(loss.detach(), reduce_op="mean").item())
+    return {"device": str(fabric.device), "world_size": fabric.world_size, "losses": losses}
+
+
+if __name__ == "__main__":
+    report({"trainer": trainer_run(sys.argv[1]), "fabric": fabric_run(sys.argv[1])})
