@@ -256,18 +256,24 @@ def test_backend_registered_at_import() -> None:
     assert dist.Backend.default_device_backend_map.get("tpu") == "tpu"
 
 
+def _on_cpu_and_tpu(script: Path, tmp_path: Path) -> dict[str, list[dict]]:
+    """``torchrun --nproc-per-node=2 script cpu``, then ``... tpu``: each device's rank reports."""
+    results = {}
+    for device in ("cpu", "tpu"):
+        out = tmp_path / device
+        out.mkdir()
+        torchrun(script, device, out=out)
+        results[device] = [_read(out, f"rank{r}.json") for r in range(2)]
+    return results
+
+
 @pytest.mark.slow  # two torchrun launches (make test-all); test_hf_stack.py checks the set-up in one process
 def test_hugging_face_trainer_under_torchrun_trains_ddp_as_on_the_cpu(tmp_path: Path) -> None:
     """``torchrun --nproc-per-node=2`` of a Trainer script: accelerate initialises the "tpu"
     process group and DDP, and the losses and weights are those of the same script on the
     CPU (gloo). Before, accelerate found no distributed set-up for tpu: each rank trained
     alone as process 0 of 1, on data it did not share."""
-    results = {}
-    for device in ("cpu", "tpu"):
-        out = tmp_path / device
-        out.mkdir()
-        torchrun(SCRIPTS / "hf_trainer.py", device, out=out)
-        results[device] = [_read(out, f"rank{r}.json") for r in range(2)]
+    results = _on_cpu_and_tpu(SCRIPTS / "hf_trainer.py", tmp_path)
     for r, res in enumerate(results["tpu"]):
         assert (res["backend"], res["world_size"], res["process_index"], res["device"]) == ("tpu", 2, r, "tpu:0"), res
     cpu, tpu = results["cpu"][0], results["tpu"][0]
@@ -284,12 +290,7 @@ def test_lightning_ddp_under_torchrun_trains_as_on_the_cpu(tmp_path: Path) -> No
     ``init_process_group(device_id=...)``, which torchtpu's group refused ("No backend type
     associated with device type tpu"), and built the model in a ``torch.cuda.Stream``."""
     pytest.importorskip("lightning")
-    results = {}
-    for device in ("cpu", "tpu"):
-        out = tmp_path / device
-        out.mkdir()
-        torchrun(SCRIPTS / "lightning_ddp.py", device, out=out)
-        results[device] = [_read(out, f"rank{r}.json") for r in range(2)]
+    results = _on_cpu_and_tpu(SCRIPTS / "lightning_ddp.py", tmp_path)
     for r, res in enumerate(results["tpu"]):
         trainer = res["trainer"]
         assert (trainer["strategy"], trainer["backend"], trainer["world_size"], trainer["rank"], trainer["device"]) == (
