@@ -117,6 +117,47 @@ def test_accelerate_load_state_restores_the_tpu_generator(tmp_path):
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
+def _bf16_losses(cpu: bool) -> tuple[list[float], list[torch.dtype]]:
+    """Three SGD steps under ``Accelerator(mixed_precision="bf16")``: the losses, and the
+    dtype the first layer's output had inside the prepared model's autocast."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    accelerator = Accelerator(mixed_precision="bf16", cpu=cpu)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    inner: list[torch.dtype] = []
+    model[0].register_forward_hook(lambda module, args, out: inner.append(out.dtype))
+    model, opt = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 8, generator=g).to(accelerator.device), torch.randn(16, 1, generator=g).to(accelerator.device)
+    losses = []
+    for _ in range(3):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, inner
+
+
+def test_accelerate_bf16_mixed_precision_autocasts_on_tpu_with_the_cpus_losses():
+    """accelerate's autocast is ``torch.autocast(state.device.type)``: on tpu the linear
+    layers compute in bfloat16, and the losses are the CPU's bf16 losses (PyTorch's
+    bfloat16 tolerances)."""
+    pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+
+    try:
+        tpu, tpu_dtypes = _bf16_losses(cpu=False)
+        cpu, cpu_dtypes = _bf16_losses(cpu=True)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert tpu_dtypes == cpu_dtypes == [torch.bfloat16] * 3
+    torch.testing.assert_close(tpu, cpu, rtol=1.6e-2, atol=1e-5)
+
+
 def test_accelerate_under_torchrun_sets_up_the_tpu_process_group(tmp_path, monkeypatch):
     """What accelerate does for a torchrun rank (``LOCAL_RANK`` set), in one process of a
     world of 1: the "tpu" backend's process group, DDP's multi-process type and the rank's
