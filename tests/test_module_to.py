@@ -283,3 +283,73 @@ def test_lazy_modules_move_before_their_first_forward_like_cuda():
     assert_close(out, reference(x))
     back = nn.LazyLinear(3).to(TPU).cpu()
     assert isinstance(back.weight, nn.UninitializedParameter) and back.weight.device.type == "cpu"
+
+
+# -- tensor.data = ... across tpu ------------------------------------------------------------
+def test_assigning_data_across_tpu_keeps_the_parameter_as_set_data_does_on_cuda():
+    """``param.data = param.to("tpu")``: PyTorch's ``set_data`` refuses a CPU tensor and a
+    PrivateUse1 one ("incompatible tensor type"); on CUDA it moves the parameter in place.
+    The Parameter keeps its identity, class, attributes, ``requires_grad`` and hooks, shares
+    the new tensor's storage, and trains; and back to the CPU."""
+    param = nn.Parameter(torch.arange(3.0))
+    param.tag = "kept"
+    calls = []
+    param.register_hook(lambda g: calls.append(g.device.type))
+    identity = id(param)
+    moved = param.detach().to(TPU)
+    param.data = moved
+    assert (id(param), type(param), param.tag, param.requires_grad, param.is_leaf) == (identity, nn.Parameter, "kept", True, True)
+    assert param.device.type == "tpu" and param.untyped_storage().data_ptr() == moved.untyped_storage().data_ptr()
+    (param * 2).sum().backward()
+    assert calls == ["tpu"]
+    assert_close(param.grad, torch.full((3,), 2.0))
+    param.data = param.data.cpu()
+    assert param.device.type == "cpu" and param.grad is None  # a grad of the old device no longer fits
+    assert_close(param, torch.arange(3.0))
+
+
+def test_assigning_data_keeps_pytorchs_errors_and_same_device_behaviour():
+    needs_grad = nn.Parameter(torch.ones(2))
+    with pytest.raises(RuntimeError, match="floating point or complex"):
+        needs_grad.data = torch.ones(2, dtype=torch.long, device=TPU)
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):
+        torch.ones(2).data = torch.ones(2).to_sparse()  # not about tpu: PyTorch's own refusal
+    same = torch.zeros(2, device=TPU)
+    same.data = torch.ones(3, device=TPU)
+    assert_close(same, torch.ones(3))
+
+
+def test_fully_shard_moves_a_module_built_on_the_cpu_to_a_tpu_mesh(tmp_path):
+    """FSDP2's ``fully_shard`` moves a CPU module's states to its mesh's device with
+    ``tensor.data = tensor.to(device)`` (on CUDA too): a world of one, three AdamW steps
+    against the same module on the CPU without FSDP."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, torch.nn as nn, torch.distributed as dist\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.fsdp import fully_shard\n"
+        f"dist.init_process_group('tpu', init_method='file://{tmp_path}/store', rank=0, world_size=1)\n"
+        "def run(shard):\n"
+        "    torch.manual_seed(0)\n"
+        "    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))\n"
+        "    if shard:\n"
+        "        mesh = init_device_mesh('tpu', (1,))\n"
+        "        fully_shard(m[0], mesh=mesh); fully_shard(m, mesh=mesh)\n"
+        "        assert all(p.device.type == 'tpu' for p in m.parameters())\n"
+        "    dev = 'tpu' if shard else 'cpu'\n"
+        "    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)\n"
+        "    g = torch.Generator().manual_seed(1)\n"
+        "    x, y = torch.randn(16, 8, generator=g).to(dev), torch.randn(16, 1, generator=g).to(dev)\n"
+        "    losses = []\n"
+        "    for _ in range(3):\n"
+        "        loss = nn.functional.mse_loss(m(x), y); loss.backward(); opt.step(); opt.zero_grad(); losses.append(loss.item())\n"
+        "    return losses\n"
+        "sharded, plain = run(True), run(False)\n"
+        "torch.testing.assert_close(sharded, plain, rtol=1e-5, atol=1e-6)\n"
+        "print('OK', sharded)\n"
+        "dist.destroy_process_group()\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr[-3000:]

@@ -1,4 +1,5 @@
-"""``nn.Module.to("tpu")`` keeps every Parameter object, as ``.to("cuda")`` does.
+"""``nn.Module.to("tpu")`` keeps every Parameter object, as ``.to("cuda")`` does, and so
+does ``param.data = param.to("tpu")`` (FSDP2's ``fully_shard`` of a CPU-built module).
 
 ``nn.Module._apply`` keeps a Parameter's identity by assigning ``param.data = new`` only
 when ``torch._has_compatible_shallow_copy_type(old, new)`` holds, which PyTorch defines
@@ -167,7 +168,52 @@ def _apply_to_script_module(module: torch.jit.ScriptModule, fn: Callable[[torch.
     return module
 
 
+# the C getter/setter of ``tensor.data`` (``torch._C.TensorBase``), which ``torch.Tensor`` inherits
+_BASE_DATA = torch._C.TensorBase.__dict__["data"]
+
+
+def _set_data(self: torch.Tensor, new: torch.Tensor) -> None:
+    """``tensor.data = new``: PyTorch's ``set_data``, which refuses a move across tpu for the
+    reason ``_apply`` does (a dense CPU and a PrivateUse1 tensor are not "compatible shallow
+    copy types"). FSDP2's ``fully_shard`` moves a module built on the CPU to its mesh's
+    device this way (``param.data = param.to(device)``), as older code moves parameters.
+    Across tpu, ``new``'s data is swapped into ``self`` instead: ``self`` keeps its identity,
+    Python class, attributes, ``requires_grad`` and hooks, and shares ``new``'s storage, as
+    after ``set_data`` on CUDA; a ``.grad`` that no longer fits is dropped (the gradient
+    setter refuses one of another device)."""
+    try:
+        _BASE_DATA.__set__(self, new)
+    except RuntimeError:
+        if not isinstance(new, torch.Tensor) or not _crosses_tpu(self, new):
+            raise
+        _swap_data(self, new)
+
+
+def _swap_data(var: torch.Tensor, new: torch.Tensor) -> None:
+    if var.requires_grad and not (new.is_floating_point() or new.is_complex()):
+        raise RuntimeError("data set to a tensor that requires gradients must be floating point or complex dtype")
+    grad = var.grad
+    replacement = new.detach().requires_grad_(var.requires_grad)  # new's storage, a fresh tensor object
+    cls, state = var.__class__, var.__dict__
+    torch.utils.swap_tensors(var, replacement)  # swaps the Python class and attributes too: var keeps its own
+    replacement.__class__, replacement.__dict__ = torch.Tensor, {}  # now the old data, dropped
+    var.__class__, var.__dict__ = cls, state
+    _reattach_hooks(var)
+    if grad is not None and (grad.device, grad.dtype, grad.shape) == (var.device, var.dtype, var.shape):
+        var.grad = grad
+
+
+def _install_data_setter() -> None:
+    current = torch.Tensor.__dict__.get("data")
+    if isinstance(current, property) and getattr(current.fset, "_torchtpu", False):
+        return
+    _set_data._torchtpu = True  # type: ignore[attr-defined]
+    torch.Tensor.data = property(_BASE_DATA.__get__, _set_data, doc=_BASE_DATA.__doc__)  # type: ignore[method-assign, assignment]
+
+
 def install() -> None:
-    """Make ``Module.to``/``to_empty``/``half``… keep Parameter identity across tpu."""
+    """Make ``Module.to``/``to_empty``/``half``… and ``tensor.data = ...`` keep Parameter
+    identity across tpu."""
     _install_future_flag_override()
     _install_apply_wrapper()
+    _install_data_setter()
