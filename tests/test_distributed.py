@@ -282,25 +282,26 @@ def test_hugging_face_trainer_under_torchrun_trains_ddp_as_on_the_cpu(tmp_path: 
     assert tpu["weights"] == pytest.approx(cpu["weights"], rel=1e-4, abs=1e-6)
 
 
-@pytest.mark.slow  # two torchrun launches of 2 processes (about 40 s); test_lightning.py keeps one device in make test
-def test_lightning_ddp_under_torchrun_trains_as_on_the_cpu(tmp_path: Path) -> None:
+@pytest.mark.slow  # two torchrun launches of 2 processes (about 25 s); test_lightning.py keeps one device in make test
+def test_lightning_under_torchrun_trains_as_on_the_cpu(tmp_path: Path) -> None:
     """``torchrun --nproc-per-node=2`` of a Lightning ``Trainer`` and a ``Fabric`` loop,
-    both ``strategy="ddp"``: the "tpu" process group, each rank on tpu:0, and the losses of
+    both ``strategy="ddp"``, and a ``Trainer`` with ``ModelParallelStrategy`` (FSDP2 of a
+    module built on the CPU): the "tpu" process group, each rank on tpu:0, and the losses of
     the same script on the CPU (gloo). Before, Lightning's DDP passed the tpu device to
     ``init_process_group(device_id=...)``, which torchtpu's group refused ("No backend type
-    associated with device type tpu"), and built the model in a ``torch.cuda.Stream``."""
+    associated with device type tpu"), and built the model in a ``torch.cuda.Stream``;
+    ``fully_shard`` refused to move the CPU module (``param.data = param.to("tpu")``)."""
     pytest.importorskip("lightning")
-    results = _on_cpu_and_tpu(SCRIPTS / "lightning_ddp.py", tmp_path)
+    results = _on_cpu_and_tpu(SCRIPTS / "lightning_torchrun.py", tmp_path)
     for r, res in enumerate(results["tpu"]):
-        trainer = res["trainer"]
-        assert (trainer["strategy"], trainer["backend"], trainer["world_size"], trainer["rank"], trainer["device"]) == (
-            "DDPStrategy", "tpu", 2, r, "tpu:0"
-        ), trainer
+        for run, strategy in (("trainer", "DDPStrategy"), ("sharded", "ModelParallelStrategy")):
+            got = res[run]
+            assert (got["strategy"], got["backend"], got["world_size"], got["rank"], got["device"]) == (strategy, "tpu", 2, r, "tpu:0"), got
         assert (res["fabric"]["device"], res["fabric"]["world_size"]) == ("tpu:0", 2)
     cpu, tpu = results["cpu"][0], results["tpu"][0]
-    assert len(tpu["trainer"]["losses"]) == 4 and len(tpu["fabric"]["losses"]) == 2
-    assert tpu["trainer"]["losses"] == pytest.approx(cpu["trainer"]["losses"], rel=1e-5)
-    assert tpu["fabric"]["losses"] == pytest.approx(cpu["fabric"]["losses"], rel=1e-5)
+    for run, steps in (("trainer", 4), ("fabric", 2), ("sharded", 4)):
+        assert len(tpu[run]["losses"]) == steps
+        assert tpu[run]["losses"] == pytest.approx(cpu[run]["losses"], rel=1e-5), run
 
 
 def test_init_process_group_with_a_device_id(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
-"""PyTorch Lightning under torchrun: ``lightning_ddp.py cpu|tpu``. A ``Trainer`` with
-``strategy="ddp"`` and then a ``Fabric`` loop with ``strategy="ddp"``, both on 2 devices.
-Each rank reports what Lightning set up (strategy, process-group backend, world size, rank,
-device) and the losses it saw (averaged over the ranks)."""
+"""PyTorch Lightning under torchrun: ``lightning_torchrun.py cpu|tpu``. A ``Trainer`` with
+``strategy="ddp"``, a ``Fabric`` loop with ``strategy="ddp"``, and a ``Trainer`` with
+``ModelParallelStrategy`` (FSDP2: ``fully_shard`` in ``configure_model`` of a module built on
+the CPU), each on 2 devices. Each rank reports what Lightning set up (strategy,
+process-group backend, world size, rank, device) and the losses it saw (averaged over the
+ranks)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from _common import report
+from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, TensorDataset
 
 warnings.filterwarnings("ignore")
 import lightning as L  # noqa: E402
+from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 
 
 def _data() -> TensorDataset:
@@ -44,11 +48,21 @@ class Regressor(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
 
-def trainer_run(device: str) -> dict:
+class ShardedRegressor(Regressor):
+    def configure_model(self) -> None:
+        mesh = self.device_mesh["data_parallel"]
+        for layer in self.net:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(self.net, mesh=mesh)
+
+
+def trainer_run(device: str, sharded: bool = False) -> dict:
     L.seed_everything(0, verbose=False)
-    model = Regressor()
+    model = ShardedRegressor() if sharded else Regressor()
+    strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if sharded else "ddp"
     trainer = L.Trainer(
-        accelerator=device, devices=2, strategy="ddp", max_epochs=2, logger=False,
+        accelerator=device, devices=2, strategy=strategy, max_epochs=2, logger=False,
         enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
     )
     trainer.fit(model, DataLoader(_data(), batch_size=16))
@@ -80,4 +94,5 @@ def fabric_run(device: str) -> dict:
 
 
 if __name__ == "__main__":
-    report({"trainer": trainer_run(sys.argv[1]), "fabric": fabric_run(sys.argv[1])})
+    device = sys.argv[1]
+    report({"trainer": trainer_run(device), "fabric": fabric_run(device), "sharded": trainer_run(device, sharded=True)})
