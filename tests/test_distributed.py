@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from torchtpu import _registration
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "distributed_scripts"
 EXAMPLES = ROOT / "examples" / "distributed"
@@ -149,6 +151,22 @@ def test_sync_batch_norm_matches_one_batch_norm_over_the_whole_batch(tmp_path: P
 def test_fsdp2_matches_single_process(tmp_path: Path) -> None:
     _check_rc(spawn(EXAMPLES / "fsdp2.py", "--compare", out=tmp_path, timeout=240))
     _assert_same_losses(tmp_path, "fsdp2", 1e-4)
+
+
+@pytest.mark.slow  # make test-all (time budget); test_native_hooks.py keeps the storage resize it needs in make test
+def test_fsdp1_matches_the_single_process_run_on_the_cpu(tmp_path: Path) -> None:
+    """FSDP1 (``FullyShardedDataParallel``, FULL_SHARD per layer, ``clip_grad_norm_``,
+    a full state dict gathered to rank 0's CPU) against the same steps in one process on
+    the CPU. Before, its first unshard raised PyTorch's "implement
+    `resizePrivateUse1Bytes`": FSDP1 frees parameters by resizing their storage."""
+    if not _registration.NATIVE_HOOKS:
+        pytest.skip("torchtpu was installed without its C++ hooks (storage resize)")
+    _check_rc(spawn(SCRIPTS / "fsdp1.py", out=tmp_path, timeout=240))
+    losses = [_read(tmp_path, f"rank{r}.json")["losses"] for r in range(2)]
+    result = _read(tmp_path, "rank0.json")
+    assert len(losses[0]) == 3 and losses[0] == losses[1]
+    assert losses[0] == pytest.approx(result["reference"], rel=1e-5)
+    assert result["state_keys"] and result["max_weight_diff"] < 1e-5
 
 
 @pytest.mark.slow

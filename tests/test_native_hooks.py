@@ -1,5 +1,5 @@
-"""What the C++ hooks (torchtpu/csrc/hooks.cpp) give: ``torch.Generator(device="tpu")``
-and pinned host memory, as on CUDA.
+"""What the C++ hooks (torchtpu/csrc/hooks.cpp) give: ``torch.Generator(device="tpu")``,
+pinned host memory and storage resizing (``untyped_storage().resize_``), as on CUDA.
 
 A tpu generator holds its own Philox state ``[seed, offset]``: seeded with s it draws what
 ``torch.tpu.manual_seed(s)`` draws, and drawing from it leaves the device's state alone.
@@ -123,3 +123,33 @@ def test_activations_saved_on_pinned_host_memory_keep_the_gradients() -> None:
         layer(x).square().sum().backward()
     for want, p in zip(plain, layer.parameters()):
         torch.testing.assert_close(p.grad.cpu(), want, rtol=0, atol=0)
+
+
+def _view(storage: torch.UntypedStorage, n: int, device: str) -> torch.Tensor:
+    return torch.tensor([], device=device).set_(storage, 0, (n,))
+
+
+def test_a_storage_resizes_keeping_its_first_bytes_as_on_the_cpu() -> None:
+    """FSDP's FullyShardedDataParallel frees an unsharded parameter with ``resize_(0)``
+    and restores it with ``resize_(n)``, telling the two apart by the storage's size.
+    Before, PyTorch raised "implement `resizePrivateUse1Bytes`". Grown, the new elements
+    are zeros on tpu (uninitialized on the CPU: only the kept ones are compared)."""
+    for n_bytes, kept in ((40, 6), (12, 3), (0, 0)):
+        cpu, tpu = torch.arange(6.0), torch.arange(6.0, device=TPU)
+        for t in (cpu, tpu):
+            t.untyped_storage().resize_(n_bytes)
+            assert t.untyped_storage().size() == n_bytes
+        assert torch.equal(_view(tpu.untyped_storage(), kept, TPU).cpu(), _view(cpu.untyped_storage(), kept, "cpu"))
+        if n_bytes == 40:
+            assert torch.equal(_view(tpu.untyped_storage(), 10, TPU).cpu()[6:], torch.zeros(4))
+    freed = torch.arange(4.0, device=TPU)
+    storage = freed.untyped_storage()
+    storage.resize_(0)
+    storage.resize_(16)  # back to its size: the tensor reads its (zeroed) storage again
+    freed.copy_(torch.full((4,), 7.0))
+    assert torch.equal(freed.cpu(), torch.full((4,), 7.0)) and storage.data_ptr() != 0
+
+
+def test_a_storage_resize_that_splits_an_element_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="multiple of 4 bytes"):
+        torch.arange(6.0, device=TPU).untyped_storage().resize_(10)

@@ -155,6 +155,12 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
                 "make a generator of your own with torch.Generator(device='tpu')");
   }
 
+  // `untyped_storage().resize_(n)` (FSDP's FullyShardedDataParallel frees and restores its
+  // unsharded parameters so): the storage's device buffer (its cell, an attribute of its
+  // Python object) is resized in Python, `torch.tpu._resize_storage`, which returns the
+  // data pointer of the storage's new byte range; the StorageImpl then holds it and the size.
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override;
+
   bool isPinnedPtr(const void* data) const override { return PinnedAllocator::pinned(data); }
   c10::Allocator* getPinnedMemoryAllocator() const override {
     static PinnedAllocator allocator;
@@ -240,6 +246,31 @@ T withStreams(const char* name, std::initializer_list<PyObject*> args, Read read
 }
 
 bool truthy(PyObject* o) { return PyObject_IsTrue(o) == 1; }
+
+void TpuHooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  PyObject* owner = impl->pyobj_slot()->load_pyobj();
+  TORCH_CHECK(owner != nullptr,
+              "torchtpu: this tpu storage has no device buffer to resize; create tpu tensors with torch "
+              "factories or .to('tpu')");
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* size = PyLong_FromSize_t(newsize);
+  uintptr_t pointer = 0;
+  try {
+    pointer = withPython<uintptr_t>(g_device, "_resize_storage", {owner, size}, [](PyObject* r) {
+      return static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(r));
+    });
+  } catch (...) {
+    Py_DECREF(size);
+    PyGILState_Release(gil);
+    throw;
+  }
+  Py_DECREF(size);
+  PyGILState_Release(gil);
+  impl->set_data_ptr_noswap(c10::DataPtr(reinterpret_cast<void*>(pointer), impl->device()));
+  impl->set_nbytes(newsize);
+}
+
 
 int64_t statOf(PyObject* stats, const char* key) {
   PyObject* value = PyDict_GetItemString(stats, key);  // borrowed; absent reads as 0

@@ -281,6 +281,13 @@ def empty_cache() -> None:
     """Nothing to release: device buffers are freed when their last tensor dies."""
 
 
+def _resize_storage(storage: Any, nbytes: int) -> int:
+    """The C++ hooks' storage resize (``untyped_storage().resize_``) asks here."""
+    from ..eager import minimal
+
+    return minimal.resize_storage(storage, nbytes)
+
+
 def make_module() -> types.ModuleType:
     """The object installed as ``torch.tpu``."""
     import sys

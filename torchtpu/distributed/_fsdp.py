@@ -1,10 +1,13 @@
-"""FSDP2 on tpu: freeing and re-allocating unsharded parameter storage.
+"""FSDP2 on tpu without the C++ hooks: freeing and re-allocating unsharded parameter storage.
 
 FSDP2 frees an unsharded parameter with ``untyped_storage().resize_(0)`` and brings it
-back with ``resize_(nbytes)``. Storage resizing on PrivateUse1 needs a C++ hook that
-Python backends cannot provide, so for tpu tensors "free" releases the device buffer
-behind the storage (the memory FSDP wants back) and keeps the storage's size; "alloc"
-then has nothing to do, and the all-gather writes the buffer again.
+back with ``resize_(nbytes)``. Storage resizing on PrivateUse1 needs a C++ hook
+(``resizePrivateUse1Bytes``, torchtpu/csrc/hooks.cpp, built by ``make``); with it FSDP2's
+own calls work as on CUDA, and so does FSDP1 (``FullyShardedDataParallel``), which reads
+the storage's size to know whether a parameter is sharded. Where the extension was not
+built, for tpu tensors "free" releases the device buffer behind the storage (the memory
+FSDP wants back) and keeps the storage's size; "alloc" then has nothing to do, and the
+all-gather writes the buffer again. (FSDP1 cannot work that way.)
 """
 
 from __future__ import annotations
@@ -40,7 +43,18 @@ def _alloc(original: Any) -> Any:
     return alloc_storage
 
 
+def _storages_resize() -> bool:
+    """Whether tpu storages can be resized (the C++ hooks are in)."""
+    try:
+        torch.empty(0, device="tpu").untyped_storage().resize_(0)
+    except NotImplementedError:
+        return False
+    return True
+
+
 def install() -> None:
+    if _storages_resize():
+        return
     from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
 
     if getattr(_fsdp_param.free_storage, "_torchtpu", False):

@@ -109,7 +109,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         # itself, as a member of the distributed runtime.
         if kind == "host":
             pjrt.get()
-        _fsdp.install()  # and frees parameter storage by resizing it
+        _fsdp.install()  # FSDP2 frees parameter storage by resizing it: a stand-in where tpu storages cannot resize
         try:
             self._t = make_transport(store, rank, size, timeout, global_ranks, kind)
         except TpuError:

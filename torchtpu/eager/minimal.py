@@ -15,7 +15,7 @@ from ..lowering.strided import contiguous_strides, dense_order, storage_extent, 
 from ..runner import checks
 from ..runtime import pjrt
 from ..stablehlo.types import host_numpy, numpy_dtype, torch_from_host
-from ..tensor.storage import _CPU_KEYSET, Cell, _set_storage, attach, cell_of, new_tensor
+from ..tensor.storage import _CPU_KEYSET, Cell, _fake_pointer, _set_storage, attach, cell_of, new_tensor
 
 aten = torch.ops.aten
 _PROFILER = _spans.PROFILER  # torch's fast "a profiler records" flag: one test per transfer or sync
@@ -404,6 +404,41 @@ def resize_(x: torch.Tensor, size: list[int], memory_format: Any = None) -> torc
 
 def resize_as_(x: torch.Tensor, template: torch.Tensor, memory_format: Any = None) -> torch.Tensor:
     return resize_(x, list(template.shape))
+
+
+def resize_storage(storage: Any, nbytes: int) -> int:
+    """``untyped_storage().resize_(nbytes)`` of a tpu storage, the Python half of the C++
+    hook (``resizePrivateUse1Bytes``, torchtpu/csrc/hooks.cpp): the storage gets a cell of
+    ``nbytes`` whose first bytes are the old ones, as PyTorch keeps them, the rest zeros.
+    Returns the data pointer the storage holds from now on (its byte range is new). FSDP's
+    FullyShardedDataParallel frees an unsharded parameter this way (``resize_(0)``) and
+    brings it back (``resize_(n)``), reading the storage's size to know which it is."""
+    cell = storage._cell
+    itemsize = cell.dtype.itemsize
+    if nbytes % itemsize:
+        raise RuntimeError(
+            f"torchtpu: a tpu storage of {cell.dtype} elements can be resized to a multiple of {itemsize} bytes, "
+            f"not {nbytes}"
+        )
+    numel = nbytes // itemsize
+    if numel > cell.numel:
+        storage._cell = _grown(cell, numel)
+    elif numel < cell.numel:
+        storage._cell = _shrunk(cell, numel)
+    return _fake_pointer(nbytes)
+
+
+def _shrunk(cell: Cell, numel: int) -> Cell:
+    if numel == 0 or cell.buf is None:
+        return Cell(numel, cell.dtype)
+    from .dispatch import run_utility
+
+    def build(b: Any) -> list:
+        p = storage_param(b, cell.shape, cell.numel, cell.dtype)
+        return [b.slice(p, [0], [numel], [1])]
+
+    (buf,) = run_utility(("shrink", cell.shape, numel, cell.dtype), build, [cell.buf])
+    return Cell(numel, cell.dtype, buf)
 
 
 def _grown(cell: Cell, numel: int) -> Cell:
