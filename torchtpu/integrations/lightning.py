@@ -60,7 +60,9 @@ def parse_devices(devices: int | str | list[int]) -> int | list[int]:
             devices = int(text)
     if devices == -1:
         return torch.tpu.device_count()
-    if isinstance(devices, bool) or not (isinstance(devices, int) and devices > 0 or isinstance(devices, list) and devices):
+    count = isinstance(devices, int) and not isinstance(devices, bool) and devices > 0
+    indices = isinstance(devices, list) and len(devices) > 0
+    if not (count or indices):
         raise ValueError(f"`devices={devices!r}` is not a valid input for the tpu accelerator: give a positive count or a list of indices.")
     return devices
 
@@ -130,10 +132,10 @@ def extend_connector(connector: Any, registry: Any) -> None:
     """Register the tpu accelerator in ``registry`` and wrap ``connector``'s choices of
     accelerator, strategy and precision (once). Left alone where torch_xla is installed:
     "tpu" is then Lightning's own."""
-    xla = connector.__init__.__globals__.get("XLAAccelerator")
+    names = connector.__init__.__globals__  # the connector's module: the Lightning classes it uses
+    xla = names.get("XLAAccelerator")
     if getattr(connector, "_torchtpu", False) or xla is None or xla.is_available():
         return
-    names = connector.__init__.__globals__
     _accelerator_class(names["Accelerator"]).register_accelerators(registry)
     choose_auto, choose_strategy, choose_precision = (
         connector._choose_auto_accelerator,
