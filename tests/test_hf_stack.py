@@ -184,6 +184,35 @@ def test_accelerate_under_torchrun_sets_up_the_tpu_process_group(tmp_path, monke
             dist.destroy_process_group()
 
 
+def test_accelerate_fsdp_under_torchrun_on_tpu_says_it_trains_as_ddp(tmp_path, monkeypatch):
+    """accelerate enables FSDP (an ``fsdp_plugin``, which the Trainer's ``fsdp=...`` passes)
+    only for its GPU-like device types; tpu's set-up is MULTI_CPU, as the CPU's, so the model is not
+    sharded. Before, nothing said so."""
+    pytest.importorskip("accelerate")
+    import torch.distributed as dist
+    from accelerate.state import AcceleratorState, DistributedType
+    from test_distributed import _free_port
+
+    for name, value in dict(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        from accelerate import Accelerator
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        AcceleratorState.__init__.warned = False  # it warns once per process
+        with pytest.warns(UserWarning, match="trains with DDP: the model is replicated"):
+            accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())  # as the Trainer's fsdp=... does
+        assert accelerator.device == torch.device("tpu", 0)
+        assert accelerator.distributed_type == DistributedType.MULTI_CPU
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_flex_attention_implementation_matches_the_cpus_sdpa():
     """``attn_implementation="flex_attention"`` on tpu (transformers raised "PyTorch Flex
     Attention is not supported on TPU" for any device named tpu): a Llama with a padded

@@ -25,6 +25,10 @@ the Trainer does for ``torch.cuda``. accelerate's ``Accelerator.save_state``/``l
 had the same gap (its RNG file, ``random_states_<process>.pkl``, knows CUDA, XPU, MLU, HPU,
 ...), closed the same way with a ``"torch_tpu_manual_seed"`` entry.
 
+accelerate applies FSDP only to the device types it knows as GPUs: the Trainer's
+``fsdp=...`` on tpu (as on the CPU) trains with DDP, a replicated model. torchtpu warns once
+where that happens, and says what shards.
+
 Neither library is imported here: each extension is applied when its module
 (``accelerate.state``, ``accelerate.checkpointing``, ``transformers.trainer``,
 ``transformers.utils.import_utils``) is first imported, or at once if it already was.
@@ -36,6 +40,7 @@ import functools
 import inspect
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +73,7 @@ def extend_default_device(state_module: Any) -> None:
     default_device._torchtpu = True  # type: ignore[attr-defined]
     cls.default_device = property(default_device, doc=original.__doc__)
     extend_distributed_setup(state_module)
+    extend_fsdp_notice(state_module)
 
 
 def extend_distributed_setup(state_module: Any) -> None:
@@ -102,6 +108,39 @@ def extend_distributed_setup(state_module: Any) -> None:
         set_device(self)
 
     cls._prepare_backend, cls.set_device = _prepare_backend, _set_device
+
+
+def extend_fsdp_notice(state_module: Any) -> None:
+    """Wrap ``AcceleratorState.__init__`` (once) to warn where FSDP was asked for on tpu.
+    accelerate turns FSDP on (an ``fsdp_plugin``, as the Trainer's ``fsdp=...`` passes, or
+    ``ACCELERATE_USE_FSDP`` from ``accelerate launch --use_fsdp``) only for the device types
+    it knows as GPUs; for MULTI_CPU, the CPU's type and the one tpu gets, it trains with DDP,
+    silently. The numbers are the same, but every rank holds the whole model."""
+    cls, kinds = getattr(state_module, "AcceleratorState", None), getattr(state_module, "DistributedType", None)
+    original = getattr(cls, "__init__", None)
+    if original is None or not hasattr(kinds, "MULTI_CPU") or getattr(original, "_torchtpu", False):
+        return
+
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        plugin = signature.bind(self, *args, **kwargs).arguments.get("fsdp_plugin")
+        asked = plugin is not None or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+        if asked and self.distributed_type == kinds.MULTI_CPU and self.device.type == "tpu" and not __init__.warned:
+            __init__.warned = True  # once per process: accelerate builds this shared state again and again
+            warnings.warn(
+                "torchtpu: accelerate applies FSDP only to the devices it knows as GPUs, so on tpu (as on the CPU) "
+                "it trains with DDP: the model is replicated on every rank, not sharded (the numbers are the same). "
+                "To shard it, use PyTorch's FSDP directly (torch.distributed.fsdp.fully_shard or "
+                "FullyShardedDataParallel), or Lightning's ModelParallelStrategy.",
+                stacklevel=2,
+            )
+
+    __init__._torchtpu = True  # type: ignore[attr-defined]
+    __init__.warned = False  # type: ignore[attr-defined]
+    cls.__init__ = __init__
 
 
 def extend_rng_checkpoints(trainer_module: Any) -> None:
