@@ -303,21 +303,22 @@ def test_hugging_face_trainer_under_torchrun_trains_ddp_as_on_the_cpu(tmp_path: 
 @pytest.mark.slow  # two torchrun launches of 2 processes (about 25 s); test_lightning.py keeps one device in make test
 def test_lightning_under_torchrun_trains_as_on_the_cpu(tmp_path: Path) -> None:
     """``torchrun --nproc-per-node=2`` of a Lightning ``Trainer`` and a ``Fabric`` loop,
-    both ``strategy="ddp"``, and a ``Trainer`` with ``ModelParallelStrategy`` (FSDP2 of a
-    module built on the CPU): the "tpu" process group, each rank on tpu:0, and the losses of
-    the same script on the CPU (gloo). Before, Lightning's DDP passed the tpu device to
+    both ``strategy="ddp"``, a ``Trainer`` with ``ModelParallelStrategy`` (FSDP2 of a module
+    built on the CPU) and one with ``strategy="fsdp"`` (FSDP1; Lightning refused it on any
+    accelerator but a GPU): the "tpu" process group, each rank on tpu:0, and the losses of
+    the same script on the CPU (gloo; DDP where Lightning refuses FSDP on the CPU). Before, Lightning's DDP passed the tpu device to
     ``init_process_group(device_id=...)``, which torchtpu's group refused ("No backend type
     associated with device type tpu"), and built the model in a ``torch.cuda.Stream``;
     ``fully_shard`` refused to move the CPU module (``param.data = param.to("tpu")``)."""
     pytest.importorskip("lightning")
     results = _on_cpu_and_tpu(SCRIPTS / "lightning_torchrun.py", tmp_path)
     for r, res in enumerate(results["tpu"]):
-        for run, strategy in (("trainer", "DDPStrategy"), ("sharded", "ModelParallelStrategy")):
+        for run, strategy in (("trainer", "DDPStrategy"), ("sharded", "ModelParallelStrategy"), ("fsdp1", "FSDPStrategy")):
             got = res[run]
             assert (got["strategy"], got["backend"], got["world_size"], got["rank"], got["device"]) == (strategy, "tpu", 2, r, "tpu:0"), got
         assert (res["fabric"]["device"], res["fabric"]["world_size"]) == ("tpu:0", 2)
     cpu, tpu = results["cpu"][0], results["tpu"][0]
-    for run, steps in (("trainer", 4), ("fabric", 2), ("sharded", 4)):
+    for run, steps in (("trainer", 4), ("fabric", 2), ("sharded", 4), ("fsdp1", 4)):
         assert len(tpu[run]["losses"]) == steps
         assert tpu[run]["losses"] == pytest.approx(cpu[run]["losses"], rel=1e-5), run
 

@@ -201,3 +201,26 @@ def test_devices_this_process_has_not_are_refused(devices: Any, message: str) ->
 
     with pytest.raises((MisconfigurationException, ValueError, RuntimeError), match=message):
         L.Trainer(accelerator=TPU, devices=devices, logger=False)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_fsdp_strategy_runs_on_tpu(precision: str) -> None:
+    """``strategy="fsdp"`` (FSDP1) on one tpu device: Lightning allowed it only on a GPU
+    accelerator, and its mixed precision autocast CUDA whatever the device. float32: the
+    losses of DDP on one CPU device (the same distributed sampler; FSDP of one rank is the
+    plain model); bf16-mixed: tpu's autocast (FSDP also keeps bfloat16 parameters, so its
+    numbers are FSDP's own, not compared). Both start a process group of one, closed after."""
+    import torch.distributed as dist
+
+    try:
+        model, trainer = fit(TPU, strategy="fsdp", precision=precision)
+        assert type(trainer.strategy).__name__ == "FSDPStrategy" and trainer.strategy.root_device.type == TPU
+        if precision == "32-true":
+            torch.testing.assert_close(model.losses, fit("cpu", strategy="ddp")[0].losses, **TOL)
+        else:
+            context = trainer.precision_plugin.forward_context()
+            assert isinstance(context, torch.autocast) and context.device == TPU and context.fast_dtype == torch.bfloat16
+            assert len(model.losses) == 6 and all(torch.isfinite(torch.tensor(model.losses)))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,7 +1,7 @@
 """PyTorch Lightning under torchrun: ``lightning_torchrun.py cpu|tpu``. A ``Trainer`` with
-``strategy="ddp"``, a ``Fabric`` loop with ``strategy="ddp"``, and a ``Trainer`` with
+``strategy="ddp"``, a ``Fabric`` loop with ``strategy="ddp"``, a ``Trainer`` with
 ``ModelParallelStrategy`` (FSDP2: ``fully_shard`` in ``configure_model`` of a module built on
-the CPU), each on 2 devices. Each rank reports what Lightning set up (strategy,
+the CPU) and one with ``strategy="fsdp"`` (FSDP1), each on 2 devices. Each rank reports what Lightning set up (strategy,
 process-group backend, world size, rank, device) and the losses it saw (averaged over the
 ranks)."""
 
@@ -57,10 +57,15 @@ class ShardedRegressor(Regressor):
         fully_shard(self.net, mesh=mesh)
 
 
-def trainer_run(device: str, sharded: bool = False) -> dict:
+def trainer_run(device: str, strategy: str = "ddp") -> dict:
+    """``strategy``: "ddp", "fsdp" (FSDP1; on the CPU, where Lightning refuses it, the DDP
+    run it must equal) or "model_parallel" (FSDP2 in ``configure_model``)."""
     L.seed_everything(0, verbose=False)
-    model = ShardedRegressor() if sharded else Regressor()
-    strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if sharded else "ddp"
+    model = ShardedRegressor() if strategy == "model_parallel" else Regressor()
+    if strategy == "model_parallel":
+        strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
+    elif strategy == "fsdp" and device == "cpu":
+        strategy = "ddp"
     trainer = L.Trainer(
         accelerator=device, devices=2, strategy=strategy, max_epochs=2, logger=False,
         enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
@@ -95,4 +100,11 @@ def fabric_run(device: str) -> dict:
 
 if __name__ == "__main__":
     device = sys.argv[1]
-    report({"trainer": trainer_run(device), "fabric": fabric_run(device), "sharded": trainer_run(device, sharded=True)})
+    report(
+        {
+            "trainer": trainer_run(device),
+            "fabric": fabric_run(device),
+            "sharded": trainer_run(device, "model_parallel"),
+            "fsdp1": trainer_run(device, "fsdp"),
+        }
+    )

@@ -15,6 +15,8 @@ set-up (the ``Trainer``'s ``_AcceleratorConnector`` and ``Fabric``'s ``_Connecto
   on the CPU);
 - DDP wraps the model as ``DistributedDataParallel(model)`` (Lightning would pass device
   ids and build it in a ``torch.cuda.Stream``);
+- ``strategy="fsdp"`` (FSDP1) runs on tpu, where Lightning allows it only on a GPU (and
+  Fabric swaps in torch_xla's "xla_fsdp"), its mixed precision autocasting on tpu;
 - ``precision="16-mixed"``/``"bf16-mixed"`` autocast on tpu (Lightning's rule gives every
   device but the CPU and MPS CUDA's autocast), with a tpu ``GradScaler`` for float16;
 - the ``Trainer``'s start-up lines say "TPU available: True, using: 1 TPU cores";
@@ -137,9 +139,10 @@ def extend_connector(connector: Any, registry: Any) -> None:
     if getattr(connector, "_torchtpu", False) or xla is None or xla.is_available():
         return
     _accelerator_class(names["Accelerator"]).register_accelerators(registry)
-    choose_auto, choose_strategy, choose_precision = (
+    choose_auto, choose_strategy, check_strategy, choose_precision = (
         connector._choose_auto_accelerator,
         connector._choose_strategy,
+        connector._check_strategy_and_fallback,
         connector._check_and_init_precision,
     )
 
@@ -154,21 +157,46 @@ def extend_connector(connector: Any, registry: Any) -> None:
             return "ddp"
         return names["SingleDeviceStrategy"](device=self._parallel_devices[0])
 
+    def _check_strategy_and_fallback(self: Any) -> None:
+        # Lightning's check lets FSDP run only on a GPU accelerator (and Fabric turns "fsdp" on
+        # "tpu" into torch_xla's "xla_fsdp"); FSDP runs on tpu: the check sees tpu as that GPU
+        if not _is_tpu_accelerator(self.accelerator):
+            return check_strategy(self)
+        flag, self._accelerator_flag = self._accelerator_flag, "cuda"
+        try:
+            check_strategy(self)
+        finally:
+            self._accelerator_flag = flag
+
     def _check_and_init_precision(self: Any) -> Any:
         if not _is_tpu_accelerator(self.accelerator):
             return choose_precision(self)
-        with warnings.catch_warnings():  # its float16 rule first builds a CUDA GradScaler, which warns
+        with warnings.catch_warnings():  # its float16 rules first build CUDA GradScalers, which warn
             warnings.filterwarnings("ignore", message=".*GradScaler is enabled, but CUDA is not available.*")
             precision = choose_precision(self)
-        mixed = names["MixedPrecision"]
+        mixed, fsdp = names["MixedPrecision"], names.get("FSDPPrecision")
         if type(precision) is mixed and precision.precision in _MIXED and precision.device != _NAME:
             return mixed(precision=precision.precision, device=_NAME)
+        if fsdp is not None and type(precision) is fsdp and precision.precision in _MIXED:
+            _fsdp_precision_on_tpu(precision)
         return precision
 
     connector._choose_auto_accelerator = staticmethod(_choose_auto_accelerator)
     connector._choose_strategy = _choose_strategy
+    connector._check_strategy_and_fallback = _check_strategy_and_fallback
     connector._check_and_init_precision = _check_and_init_precision
     connector._torchtpu = True
+
+
+def _fsdp_precision_on_tpu(precision: Any) -> None:
+    """Lightning's FSDP precision autocasts with ``torch.autocast("cuda")`` and scales float16
+    losses with a CUDA ``ShardedGradScaler``, whatever the device: on tpu, tpu's."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    dtype = torch.bfloat16 if precision.precision == "bf16-mixed" else torch.float16
+    precision.forward_context = lambda: torch.autocast(_NAME, dtype=dtype)
+    if precision.scaler is not None:
+        precision.scaler = ShardedGradScaler(device=_NAME)
 
 
 def _ddp_extension(method_name: str) -> Extension:
