@@ -8,6 +8,7 @@ where a test is about the tpu generator it compares tpu with tpu."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -31,6 +32,17 @@ def _quiet() -> Any:
     with warnings.catch_warnings():  # Lightning's hints (workers, logging intervals, litlogger)
         warnings.simplefilter("ignore")
         yield
+
+
+@pytest.fixture(autouse=True)
+def _environment() -> Any:
+    """Lightning's distributed strategies export MASTER_ADDR, LOCAL_RANK, WORLD_SIZE... for
+    the processes they would launch; left set, the next library in this process (accelerate)
+    takes itself for a torchrun rank."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 class Regressor(L.LightningModule):
