@@ -12,6 +12,7 @@ all-gather writes the buffer again. (FSDP1 cannot work that way.)
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -43,8 +44,11 @@ def _alloc(original: Any) -> Any:
     return alloc_storage
 
 
+@functools.cache
 def _storages_resize() -> bool:
-    """Whether tpu storages can be resized (the C++ hooks are in)."""
+    """Whether tpu storages can be resized (the C++ hooks are in): asked once per process,
+    not at every group's creation; the probe starts no device client (the xla transport
+    starts it itself)."""
     try:
         torch.empty(0, device="tpu").untyped_storage().resize_(0)
     except NotImplementedError:
