@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jax_python import NO_JAX, jax_python
 from scratch_dirs import scratch_dir
 
 os.environ.setdefault("TORCHTPU_CACHE_DIR", "")  # cold compiles: no disk cache
@@ -186,22 +187,6 @@ def _stock_step() -> dict:
         return loss
 
     return timed(train_step, "tpu")
-
-
-NO_JAX = "no jax in this python: pip install -e '.[jax]' (jax==0.10.2), or pass --jax-python / set JAX_PYTHON"
-
-
-def jax_python(option: str | None = None) -> str | None:
-    """The python that runs bench_jax.py: the option, JAX_PYTHON, or this interpreter when
-    ``import jax`` works in it (checked in a subprocess: torchtpu never imports jax)."""
-    chosen = option or os.environ.get("JAX_PYTHON")
-    if chosen:
-        return chosen
-    try:
-        probe = subprocess.run([sys.executable, "-c", "import jax"], capture_output=True, timeout=300)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sys.executable if probe.returncode == 0 else None
 
 
 def jax_reference(python: str | None) -> dict:

@@ -3,7 +3,8 @@
 jit, in one run.
 
     python benchmarks/bench_models.py [--size tiny] [--steps 20] [--warm 3] [--only mingpt,llama]
-    JAX_PYTHON=venv_jax/bin/python python benchmarks/bench_models.py   # adds the JAX row
+    python benchmarks/bench_models.py --jax-python venv_jax/bin/python   # adds the JAX row
+                                      # (or JAX_PYTHON=...; default: this python if it has jax)
 
 Workloads: the examples' own tasks (examples/<name>/train.py) at one fixed size: minGPT,
 Llama, ResNet-18, DLRM (SGD). One step = forward + backward + optimizer step +
@@ -15,8 +16,9 @@ process (one process per workload: the examples' module names overlap):
   tpu compile       torch.compile(backend="tpu") of the whole step
   cpu eager         PyTorch on the host
   cpu inductor      torch.compile (inductor) of the whole step on the host
-  jax jit           minGPT only: benchmarks/jax_models.py under JAX_PYTHON (a venv with
-                    jax==0.10.2, the XLA torchtpu runs on), skipped without it
+  jax jit           minGPT only: benchmarks/jax_models.py under --jax-python / JAX_PYTHON (a
+                    venv with jax==0.10.2, the XLA torchtpu runs on), skipped with a note
+                    without it
 
 Printed: the median step (ms) after --warm warm-up steps, the first step (s, compiles
 included), ratios against CPU inductor and JAX, and a bar chart written to --png
@@ -37,6 +39,7 @@ import sys
 import time
 from typing import Any
 
+from jax_python import NO_JAX, jax_python
 from scratch_dirs import scratch_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,22 +111,25 @@ def worker(name: str, size: str, steps: int, warm: int) -> dict[str, Any]:
     return {f"{device} {mode}": time_row(task, device, mode, steps, warm) for device, mode in ROWS}
 
 
-def jax_row(size: str, steps: int, warm: int) -> dict[str, float] | None:
-    """minGPT under jax.jit (benchmarks/jax_models.py) with the example's configuration."""
-    python = os.environ.get("JAX_PYTHON")
+def jax_row(python: str | None, size: str, steps: int, warm: int) -> dict[str, Any]:
+    """minGPT under jax.jit (benchmarks/jax_models.py) with the example's configuration, run
+    by ``python``; ``{"skipped": why}`` without one or when the run fails."""
     if not python:
-        return None
+        return {"skipped": NO_JAX}
     sys.path[:0] = [os.path.join(EXAMPLES, "mingpt"), EXAMPLES]
     import harness
     from model import SIZES
 
     config = dict(SIZES[size], vocab_size=harness.CharCorpus.load().vocab_size, steps=steps, warm=warm)
     config["batch"] = load_task("mingpt", size).batch(0)[0].shape[0]
-    out = subprocess.run([python, os.path.join(ROOT, "benchmarks", "jax_models.py"), json.dumps(config)], capture_output=True, text=True)
-    if out.returncode != 0:
-        print(f"jax_models.py failed:\n{out.stderr[-2000:]}", file=sys.stderr)
-        return None
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    script = os.path.join(ROOT, "benchmarks", "jax_models.py")
+    try:
+        out = subprocess.run([python, script, json.dumps(config)], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except subprocess.CalledProcessError as e:
+        return {"skipped": f"jax_models.py failed under {python}: {e.stderr[-1500:]}"}
+    except (OSError, IndexError, ValueError) as e:
+        return {"skipped": f"JAX run failed ({python}): {type(e).__name__}: {str(e)[:300]}"}
 
 
 def run_worker(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -173,13 +179,14 @@ def chart(results: dict[str, dict[str, Any]], path: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--size", default="tiny")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warm", type=int, default=3)
     p.add_argument("--only", default=",".join(WORKLOADS))
     p.add_argument("--png", default="bench_models.png")
     p.add_argument("--json", default="")
+    p.add_argument("--jax-python", help="python with jax==0.10.2 for the JAX row (default: $JAX_PYTHON, else this one)")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -189,8 +196,10 @@ def main() -> None:
     for name in args.only.split(","):
         results[name] = run_worker(name, args)
         if name == "mingpt":
-            jax = jax_row(args.size, args.steps, args.warm)
-            if jax is not None:
+            jax = jax_row(jax_python(args.jax_python), args.size, args.steps, args.warm)
+            if "skipped" in jax:
+                print(f"jax jit row skipped: {jax['skipped']}", file=sys.stderr)
+            else:
                 results[name]["jax jit"] = jax
         print(f"{name}: " + ", ".join(f"{row} {r['step_ms']:.2f} ms" for row, r in results[name].items()), flush=True)
     print(table(results))

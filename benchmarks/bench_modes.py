@@ -49,6 +49,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_compile as bc  # noqa: E402
 import peer_mlp  # noqa: E402
+from jax_python import jax_python  # noqa: E402
 from scratch_dirs import scratch_dir  # noqa: E402
 
 import torchtpu  # noqa: E402
@@ -209,7 +210,7 @@ def main() -> None:
     p.add_argument("--peer-python", help="python of the reference system's venv (default: $PEER_PYTHON)")
     args = p.parse_args()
     res = {"torch": torch.__version__, "platform": torchtpu.platform(), "threads": torch.get_num_threads()}
-    jax = bc.jax_reference(bc.jax_python(args.jax_python))
+    jax = bc.jax_reference(jax_python(args.jax_python))
     if "step_ms" in jax:  # bench_jax.py's units
         jax = {**jax, "step_s": jax["step_ms"] / 1e3, "loss": jax.get("loss_last", float("nan"))}
         if "step_ms_pipelined" in jax:
