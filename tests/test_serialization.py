@@ -181,10 +181,36 @@ def test_save_load_through_a_buffer_and_map_location_forms():
     buf = io.BytesIO()
     torch.save(_checkpoint(TPU), buf)
     expected = _checkpoint("cpu")
-    for ml in (torch.device("tpu"), "tpu:0", {"tpu": "cpu"}, lambda s, loc: s):
+    for ml in (torch.device("tpu"), "tpu:0", {"tpu:0": "cpu"}, lambda s, loc: s):
         buf.seek(0)
         device = "tpu" if isinstance(ml, (str, torch.device)) else "cpu"  # the callable keeps the CPU storage
         assert_matches_cpu(torch.load(buf, map_location=ml), expected, device)
+
+
+def test_saved_location_names_the_device_index_as_cuda_does(tmp_path):
+    """CUDA records "cuda:0", and code moved from CUDA maps it with {"cuda:0": "cpu"}; tpu
+    records "tpu:0" (it recorded a bare "tpu", which such a dictionary never matched)."""
+    t = torch.arange(3.0, device=TPU)
+    assert torch.serialization.location_tag(t.untyped_storage()) == "tpu:0"
+    torch.save(t, tmp_path / "t.pt")
+    assert torch.load(tmp_path / "t.pt", map_location={"tpu:0": "cpu"}).device.type == "cpu"
+    assert torch.load(tmp_path / "t.pt", map_location={"tpu": "cpu"}).device.type == "tpu"  # as {"cuda": ...} misses "cuda:0"
+
+
+def test_a_file_saved_with_the_bare_tpu_location_still_loads(tmp_path):
+    """Files written before the tag named the index ("tpu") load onto tpu, and map to the CPU
+    by that name."""
+    registry = torch.serialization._package_registry
+    i = next(i for i, entry in enumerate(registry) if getattr(entry[1], "__module__", "") == "torchtpu._registration")
+    entry = registry[i]
+    registry[i] = (entry[0], lambda obj: "tpu" if obj.device.type == "tpu" else None, entry[2])
+    try:
+        torch.save(torch.arange(3.0, device=TPU), tmp_path / "old.pt")
+    finally:
+        registry[i] = entry
+    loaded = torch.load(tmp_path / "old.pt")
+    assert loaded.device.type == "tpu" and torch.equal(loaded.cpu(), torch.arange(3.0))
+    assert torch.load(tmp_path / "old.pt", map_location={"tpu": "cpu"}).device.type == "cpu"
 
 
 def test_mixed_dtypes_on_one_storage_refused_like_cpu():

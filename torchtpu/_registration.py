@@ -30,8 +30,11 @@ class _Guard(torch._C._acc.DeviceGuard):
 
 
 def _ser_tag(obj: Any) -> str | None:
+    """The location torch.save records for a tpu storage: "tpu:0", as CUDA's is "cuda:0", so
+    ``map_location={"tpu:0": "cpu"}`` (the CUDA idiom) applies. Files saved with the old
+    bare "tpu" still load."""
     if obj.device.type == "tpu":
-        return "tpu"
+        return f"tpu:{obj.device.index or 0}"
     return None
 
 
