@@ -201,16 +201,73 @@ def test_post_accumulate_grad_hooks_survive_the_move():
     assert calls == ["tpu"]
 
 
-def test_parameter_with_weak_reference_moves_with_a_warning():
-    """swap_tensors refuses a tensor with weak references; the move still happens (as
-    PyTorch does for PrivateUse1, new Parameter objects) and the user is told what that means."""
+def test_weakly_referenced_parameters_keep_their_objects_as_on_cuda():
+    """torch.compile and torch.export hold weak references to a model's parameters, which
+    swap_tensors refuses: moving such a model to the CPU and back gave it new Parameter
+    objects (with a warning), and an optimizer built before the move trained the old ones.
+    ``param.data = new`` (CUDA's way, set_data_across) keeps them, as on CUDA."""
+    import warnings
     import weakref
 
-    model = nn.Linear(3, 2)
-    ref = weakref.ref(model.weight)
-    with pytest.warns(UserWarning, match="tied to other modules are no longer shared"):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    reference = copy.deepcopy(model)
+    refs = [weakref.ref(p) for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x = torch.randn(5, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "could not keep the Parameter objects"
         model.to("tpu")
-    assert model.weight is not ref() and model.weight.device.type == "tpu" and model.bias.device.type == "tpu"
+    assert [r() for r in refs] == list(model.parameters())
+    assert all(p.device.type == "tpu" for p in model.parameters())
+    for m, o, inp in ((model, opt, x.to(TPU)), (reference, ref_opt, x)):
+        m(inp).square().sum().backward()
+        o.step()
+    for a, e in zip(model.parameters(), reference.parameters()):
+        assert_close(a, e, **GRAD_TOL)
+        assert_close(a.grad, e.grad, **GRAD_TOL)
+    model.to("cpu")  # the gradients follow, as on CUDA
+    assert [r() for r in refs] == list(model.parameters())
+    assert all(p.device.type == "cpu" and p.grad.device.type == "cpu" for p in model.parameters())
+
+
+def test_assigning_data_to_a_weakly_referenced_parameter_moves_it():
+    import weakref
+
+    param = nn.Parameter(torch.arange(3.0))
+    ref = weakref.ref(param)
+    param.data = param.detach().to(TPU)
+    assert ref() is param and param.device.type == "tpu"
+    assert_close(param, torch.arange(3.0))
+
+
+def test_without_the_cpp_extension_parameters_are_swapped(monkeypatch):
+    """The pure-Python path (no C++ extension): the same identity through
+    torch.utils.swap_tensors, which cannot move a weakly referenced Parameter; that module
+    gets new Parameters and the user is told what that means."""
+    import weakref
+
+    from torchtpu.device import modules
+
+    monkeypatch.setattr(modules, "set_data_across", None)
+    model = TiedLM()
+    weight = model.emb.weight
+    model.weight_hook_calls = []
+    weight.register_hook(lambda g: model.weight_hook_calls.append(g.device.type))
+    model.to("tpu")
+    assert model.emb.weight is weight and model.head.weight is weight and weight.device.type == "tpu"
+    _loss(model, torch.randint(0, 11, (2, 3)).to(TPU)).backward()
+    assert model.weight_hook_calls == ["tpu"]
+    param = nn.Parameter(torch.ones(2))
+    param.data = param.detach().to(TPU)
+    assert param.device.type == "tpu"
+
+    linear = nn.Linear(3, 2)
+    ref = weakref.ref(linear.weight)
+    with pytest.warns(UserWarning, match="tied to other modules are no longer shared"):
+        linear.to("tpu")
+    assert linear.weight is not ref() and linear.weight.device.type == "tpu" and linear.bias.device.type == "tpu"
 
 
 def test_hugging_face_tied_lm_head():

@@ -22,7 +22,9 @@
 //   collect_call(...)
 //       an eager op's whole key (``_collect``), its arguments' entries and its cells';
 //   donatable, input_buffers, write_back
-//       the per-storage work around an execution (see their comment below).
+//       the per-storage work around an execution (see their comment below);
+//   set_data(var, new)
+//       ``var.data = new`` across tpu, which PyTorch's set_data refuses (see below).
 //
 // Optional, like hooks.cpp: torchtpu/tensor/storage.py uses it when it was built and
 // does the same in Python otherwise; tests/test_native_fast.py checks both agree.
@@ -36,7 +38,10 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Storage.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #include <ATen/ops/_reshape_alias_native.h>
@@ -646,6 +651,34 @@ PyObject* collect_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 //       (``cell.lazy.flush_for(cell)``), cells never written left out;
 //   write_back(updates, cells, outs, n)  ``cells[updates[i]]`` takes ``outs[n + i]``, through
 //       ``Cell.set`` where the cell is pending or not yet counted.
+// set_data(var, new): ``var.data = new`` for a pair PyTorch's set_data refuses only because
+// a dense CPU tensor and a PrivateUse1 one are not "compatible shallow-copy types" (the
+// check lists CPU, CUDA, MPS, XPU, HPU and MTIA). Both are plain TensorImpls, so the same
+// steps as VariableHooks::set_data apply: a gradient accumulator made for another device
+// or type is dropped, and var's TensorImpl takes new's storage, sizes, strides, dtype,
+// device and dispatch keys. var keeps its Python object, weak references, hooks and
+// autograd metadata, as ``param.data = param.cuda()`` keeps them (torchtpu/device/modules.py).
+PyObject* set_data(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 2 || !THPVariable_Check(args[0]) || !THPVariable_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "set_data(var, new) takes two tensors");
+    return nullptr;
+  }
+  const at::Tensor& self = THPVariable_Unpack(args[0]);
+  const at::Tensor& data = THPVariable_Unpack(args[1]);
+  if (auto* meta = torch::autograd::impl::get_autograd_meta(self)) {
+    std::lock_guard<std::mutex> lock(meta->mutex_);
+    auto accumulator = meta->grad_accumulator_.lock();
+    if (accumulator &&
+        (!data.options().type_equal(self.options()) || accumulator->input_metadata(0).device() != data.device())) {
+      meta->grad_accumulator_.reset();
+    }
+  }
+  self.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
 PyObject* donatable(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
     PyErr_SetString(PyExc_TypeError, "donatable(tensors: list, slot_of: dict)");
@@ -820,6 +853,8 @@ PyMethodDef methods[] = {
      "configure_collect(runtime_offset, device_scalar, freeze): the Python helpers of collect_call."},
     {"donatable", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(donatable)), METH_FASTCALL,
      "donatable(tensors, slot_of): the call slots of tensors whose buffer only their storage cell holds."},
+    {"set_data", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_data)), METH_FASTCALL,
+     "set_data(var, new): var.data = new across tpu, keeping var's object and autograd metadata as CUDA's set_data does."},
     {"input_buffers", input_buffers, METH_O, "input_buffers(cells): each written cell's buffer, pending graphs run first."},
     {"write_back", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(write_back)), METH_FASTCALL,
      "write_back(updates, cells, outs, n): cells[updates[i]] takes outs[n + i]."},

@@ -8,11 +8,19 @@ from tpu it therefore builds a new Parameter per module, which silently unties t
 weights (an embedding shared with the LM head becomes two tensors that train apart) and
 leaves an optimizer built before the move updating the old CPU tensors.
 
-PyTorch has a supported way to keep identity across any tensor types: ``_apply`` swaps
-the new tensor into the existing Parameter object (``torch.utils.swap_tensors``) when
-``torch.__future__.get_swap_module_params_on_conversion()`` is true. We turn that on for
-exactly the modules whose conversion crosses the tpu boundary, so CPU-only conversions
-keep PyTorch's behaviour unchanged.
+The refusal is only a list: a dense CPU tensor and a tpu one are both plain TensorImpls,
+so torchtpu's C++ extension does what ``set_data`` does for CUDA (``set_data_across``,
+csrc/fast.cpp), and for exactly the modules whose conversion crosses the tpu boundary
+``_apply``'s steps run with ``param.data = new`` (and ``param.grad.data``), as for CUDA
+(``_apply_by_set_data``). Parameters keep their object, weak references (which
+``torch.compile`` and ``torch.export`` hold), hooks and autograd metadata. CPU-only
+conversions keep PyTorch's behaviour unchanged.
+
+Without the C++ extension the same identity comes from PyTorch's other supported way:
+``_apply`` swaps the new tensor into the existing Parameter object
+(``torch.utils.swap_tensors``) when ``torch.__future__.get_swap_module_params_on_conversion()``
+is true, which we turn on for those modules. A swap refuses a Parameter with weak
+references; the module then gets new Parameters, with a warning.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
+
+from ..tensor.storage import set_data_across
 
 _swap_override = threading.local()
 
@@ -52,6 +62,11 @@ class _Precomputed:
 
     def crosses_tpu(self) -> bool:
         return any(_crosses_tpu(old, new) for old, new in self.done.values())
+
+    def has_wrapper_subclass(self) -> bool:
+        """A DTensor-like parameter, which ``_apply`` always swaps (it has inner tensors)."""
+        is_wrapper = torch.utils._python_dispatch.is_traceable_wrapper_subclass
+        return any(is_wrapper(old) or is_wrapper(new) for old, new in self.done.values())
 
 
 def _moved_lazy(p: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -125,6 +140,8 @@ def _install_apply_wrapper() -> None:
             return original_apply(self, converted, recurse=False)
         if isinstance(self, torch.jit.ScriptModule):
             return _apply_to_script_module(self, converted)
+        if set_data_across is not None and not converted.has_wrapper_subclass():
+            return _apply_by_set_data(self, converted)
         try:
             with _swap_params(True):
                 original_apply(self, converted, recurse=False)
@@ -147,6 +164,27 @@ def _install_apply_wrapper() -> None:
     _apply._torchtpu = True  # type: ignore[attr-defined]
     _apply.__doc__ = original_apply.__doc__
     nn.Module._apply = _apply  # type: ignore[method-assign]
+
+
+def _apply_by_set_data(module: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
+    """``_apply``'s own steps for one module where PyTorch would take ``param.data = new``
+    (as it does for CUDA) if it knew the pair compatible: each Parameter and its gradient
+    keep their objects and take the converted data (``set_data_across``); buffers are
+    replaced, as ``_apply`` replaces them."""
+    for param in module._parameters.values():
+        if param is None:
+            continue
+        grad = param.grad
+        with torch.no_grad():
+            param.data = fn(param)  # drops a gradient that no longer fits: it follows below
+            if grad is not None:
+                grad.data = fn(grad)
+        if grad is not None:
+            param.grad = grad
+    for key, buf in module._buffers.items():
+        if buf is not None:
+            module._buffers[key] = fn(buf)
+    return module
 
 
 def _apply_to_script_module(module: torch.jit.ScriptModule, fn: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
@@ -186,12 +224,18 @@ def _set_data(self: torch.Tensor, new: torch.Tensor) -> None:
     except RuntimeError:
         if not isinstance(new, torch.Tensor) or not _crosses_tpu(self, new):
             raise
-        _swap_data(self, new)
+        if self.requires_grad and not (new.is_floating_point() or new.is_complex()):
+            raise RuntimeError("data set to a tensor that requires gradients must be floating point or complex dtype") from None
+        if set_data_across is None:
+            _swap_data(self, new)
+            return
+        grad = self.grad
+        set_data_across(self, new)
+        if grad is not None and (grad.device, grad.dtype, grad.shape) != (self.device, self.dtype, self.shape):
+            self.grad = None  # of the old device: the gradient setter would refuse it now
 
 
 def _swap_data(var: torch.Tensor, new: torch.Tensor) -> None:
-    if var.requires_grad and not (new.is_floating_point() or new.is_complex()):
-        raise RuntimeError("data set to a tensor that requires gradients must be floating point or complex dtype")
     grad = var.grad
     replacement = new.detach().requires_grad_(var.requires_grad)  # new's storage, a fresh tensor object
     cls, state = var.__class__, var.__dict__

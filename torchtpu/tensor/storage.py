@@ -149,6 +149,8 @@ eager_keys = None if _fast is None else _fast.eager_keys
 # an argument needs the Python loop; configure_collect gives it the Python helpers it calls
 collect_call = None if _fast is None else _fast.collect_call
 configure_collect = None if _fast is None else _fast.configure_collect
+# ``var.data = new`` across tpu, as set_data does for CUDA (device/modules.py); None without C++
+set_data_across = None if _fast is None else _fast.set_data
 # donatable(tensors, slot_of), input_buffers(cells), write_back(updates, cells, outs, n): the
 # per-storage work around an execution (eager/dispatch.py ``_donatable``, the runners' input
 # lists, runner/program.py ``write_back``), or None where the fast paths were not built
