@@ -31,6 +31,37 @@ def test_one_device_per_process_errors():
         torch.empty(2, device="tpu:1")
 
 
+ONE_DEVICE = r"device index 1\b.*exactly one device, tpu:0"  # torchtpu.errors' or the device guard's words
+
+
+@pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
+def test_every_factory_refuses_another_device_index_as_cuda_refuses_an_ordinal(mode):
+    """device="tpu:1" made the tensor on tpu:0, silently, in every factory lowered directly
+    (randn, arange, full...) once the op kernels were registered, and under a
+    ``torch.device("tpu:1")`` context; only the empty-based ones and set_device refused.
+    CUDA raises "invalid device ordinal"."""
+    torch.ones(1, device="tpu")  # the op kernels are registered: the path that ran on tpu:0
+    factories = {
+        "randn": lambda: torch.randn(2, device="tpu:1"),
+        "arange": lambda: torch.arange(3, device="tpu:1"),
+        "full": lambda: torch.full((2,), 1.0, device="tpu:1"),
+        "zeros": lambda: torch.zeros(2, device="tpu:1"),
+        "tensor": lambda: torch.tensor([1.0], device="tpu:1"),
+        "linspace": lambda: torch.linspace(0, 1, 4, device="tpu:1"),
+        "eye": lambda: torch.eye(2, device="tpu:1"),
+        "module": lambda: torch.nn.Linear(2, 2, device="tpu:1"),
+        "ones_like": lambda: torch.ones_like(torch.ones(2), device="tpu:1"),
+    }
+    with torchtpu.eager_mode(mode):
+        for name, make in factories.items():
+            with pytest.raises(RuntimeError, match=ONE_DEVICE):
+                make()
+                pytest.fail(name)
+        with pytest.raises(RuntimeError, match=ONE_DEVICE):
+            with torch.device("tpu:1"):
+                torch.zeros(2)
+
+
 def test_accelerator_agrees():
     assert torch.accelerator.is_available()
     assert torch.accelerator.current_accelerator().type == "tpu"

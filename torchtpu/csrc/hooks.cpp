@@ -130,6 +130,15 @@ class PinnedAllocator final : public c10::Allocator {
   }
 };
 
+// A device index other than tpu:0 (or none): refused, as CUDA refuses an ordinal it has not
+// ("invalid device ordinal") instead of running on another device; what to do, as in
+// torchtpu.errors.one_device_error.
+void check_index(c10::DeviceIndex index) {
+  TORCH_CHECK(index <= 0, "Invalid device index ", static_cast<int>(index),
+              ": each torchtpu process drives exactly one device, tpu:0. To use several devices, run one "
+              "process per device (torchrun --nproc-per-node=N) and use 'tpu' (or 'tpu:0') in each.");
+}
+
 struct TpuHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
@@ -168,11 +177,6 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
   }
   at::Device getDeviceFromPtr(void*) const override { return at::Device(c10::DeviceType::PrivateUse1, 0); }
 
- private:
-  static void check_index(c10::DeviceIndex index) {
-    TORCH_CHECK(index <= 0, "Invalid device index ", static_cast<int>(index),
-                ": a torchtpu process drives one device, tpu:0");
-  }
 };
 
 // The device guard of one device with one in-order queue: what torch._C._acc.DeviceGuard
@@ -334,9 +338,13 @@ struct TpuDeviceAllocator final : public c10::DeviceAllocator {
 struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
   c10::DeviceType type() const override { return kType; }
-  c10::Device exchangeDevice(c10::Device) const override { return getDevice(); }
+  // a factory's device="tpu:1" reaches its kernel through here (at::DeviceGuard)
+  c10::Device exchangeDevice(c10::Device device) const override {
+    check_index(device.index());
+    return getDevice();
+  }
   c10::Device getDevice() const override { return c10::Device(kType, 0); }
-  void setDevice(c10::Device) const override {}
+  void setDevice(c10::Device device) const override { check_index(device.index()); }
   void uncheckedSetDevice(c10::Device) const noexcept override {}
   c10::Stream getStream(c10::Device) const noexcept override { return defaultStream(); }
   c10::Stream getNewStream(c10::Device, int) const override { return defaultStream(); }

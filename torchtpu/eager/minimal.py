@@ -32,7 +32,8 @@ def _ensure_ops() -> None:
     ensure_op_kernels()
 
 
-def _check_device(device: Any) -> None:
+def check_device(device: Any) -> None:
+    """Refuse a tpu device index other than 0 (each process drives one device)."""
     if device is not None:
         index = torch.device(device).index
         if index not in (None, 0):
@@ -221,7 +222,7 @@ def empty_memory_format(
     memory_format: Any = None,
 ) -> torch.Tensor:
     _ensure_ops()
-    _check_device(device)
+    check_device(device)
     _check_size_nonnegative(size)
     check_not_pinned(pin_memory)
     dtype = _dtype(dtype)
@@ -242,7 +243,7 @@ def empty_strided(
     pin_memory: Any = None,
 ) -> torch.Tensor:
     _ensure_ops()
-    _check_device(device)
+    check_device(device)
     _check_size_nonnegative(size)
     check_not_pinned(pin_memory)
     dtype = _dtype(dtype)
@@ -319,7 +320,7 @@ def to_copy(
         if x.stride() != host.stride() and _dense(x):  # channels-last, a size-1 dim's stride: keep them
             return torch.empty_strided(x.shape, x.stride(), dtype=host.dtype).copy_(host)
         return host
-    _check_device(device)
+    check_device(device)
     if x.device.type != "tpu":  # host -> device
         if dtype is not None and dtype != x.dtype:
             x = x.to(dtype)

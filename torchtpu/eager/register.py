@@ -169,6 +169,7 @@ def _make_kernel(op: torch._ops.OpOverload) -> Any:
     from ..runner.checks import TpuAsyncError
     from .cpu_errors import raise_as_cpu
     from .dispatch import run
+    from .minimal import check_device
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -185,7 +186,18 @@ def _make_kernel(op: torch._ops.OpOverload) -> Any:
             raise_as_cpu(op, args, kwargs, e)
 
     kernel.__name__ = f"tpu_{op.name()}"
-    return kernel
+    if not any(a.name == "device" and a.kwarg_only for a in op._schema.arguments):
+        return kernel
+
+    def factory_kernel(*args: Any, **kwargs: Any) -> Any:
+        # device="tpu:1" reaches a factory's kernel as it is (no device guard runs for a
+        # Python kernel): refused, as CUDA refuses an ordinal it has not, instead of
+        # making the tensor on tpu:0
+        check_device(kwargs.get("device"))
+        return kernel(*args, **kwargs)
+
+    factory_kernel.__name__ = kernel.__name__
+    return factory_kernel
 
 
 def register_lowered_op(op: torch._ops.OpOverload) -> None:
