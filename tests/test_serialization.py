@@ -478,6 +478,18 @@ def test_untyped_storage_constructor_on_tpu() -> None:
     assert torch.equal(x.add(1).cpu(), torch.ones(4))
 
 
+def test_storage_tpu_method_moves_a_storage_as_storage_cuda_does() -> None:
+    """``storage.cuda()`` has a tpu twin: ``untyped_storage().tpu()`` and ``TypedStorage.tpu()``
+    (they did not exist), with ``is_tpu``; a tpu storage returns itself."""
+    host = torch.arange(4.0).untyped_storage()
+    moved = host.tpu()
+    assert moved.is_tpu and not host.is_tpu and moved.device.type == "tpu" and moved.size() == host.size()
+    assert bytes(moved.cpu()) == bytes(host)
+    assert moved.tpu() is moved
+    typed = torch.arange(3, dtype=torch.int16).storage().tpu()
+    assert typed.is_tpu and typed.dtype == torch.int16 and typed.tolist() == [0, 1, 2]
+
+
 _FORKED_CHILD = """
 import torch, torchtpu
 from torch.utils.data import DataLoader, Dataset

@@ -255,7 +255,7 @@ def register_device() -> None:
     from . import device
 
     torch.utils.rename_privateuse1_backend("tpu")
-    torch.utils.generate_methods_for_privateuse1_backend()
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)  # storage.tpu() too, as storage.cuda()
     torch._register_device_module("tpu", device.make_module())
     NATIVE_HOOKS = _install_native_hooks()
     if not NATIVE_HOOKS:  # the C++ extension registers its own hooks and device guard

@@ -113,7 +113,10 @@ class Cell:
 
     def __del__(self) -> None:
         if self.counted:
-            memory.freed(self.nbytes)
+            try:
+                memory.freed(self.nbytes)
+            except (AttributeError, TypeError):  # interpreter shutdown: the modules are gone, nothing to count
+                pass
 
 
 def _py_new_tensor(
