@@ -62,6 +62,42 @@ def test_every_factory_refuses_another_device_index_as_cuda_refuses_an_ordinal(m
                 torch.zeros(2)
 
 
+@pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
+def test_sync_debug_mode_reports_host_syncs_as_cudas_does(mode):
+    """torch.tpu.set_sync_debug_mode: "warn" warns and "error" raises at each implicit host
+    sync (naming the cause and the user's line), as torch.cuda's does; synchronize() and
+    the default mode say nothing."""
+    x = torch.arange(6.0, device="tpu")
+    syncs = {r"\.item\(\)": lambda: x.sum().item(), r"\.cpu\(\) / print": lambda: x.cpu(), "aten::nonzero": lambda: x.nonzero()}
+    assert torch.tpu.get_sync_debug_mode() == 0
+    try:
+        with torchtpu.eager_mode(mode):
+            torch.tpu.set_sync_debug_mode("warn")
+            assert torch.tpu.get_sync_debug_mode() == 1
+            for cause, sync in syncs.items():
+                with pytest.warns(UserWarning, match=rf"called a synchronizing tpu operation \({cause}.*test_device.py"):
+                    sync()
+            torch.tpu.set_sync_debug_mode(2)
+            for cause, sync in syncs.items():
+                with pytest.raises(RuntimeError, match=rf"synchronizing tpu operation \({cause}.*set_sync_debug_mode\(0\)"):
+                    sync()
+            y = x * 2
+            torch.tpu.synchronize()  # explicit: never reported
+            torch.tpu.set_sync_debug_mode("default")
+            assert y.sum().item() == 30.0
+            with pytest.raises(RuntimeError, match="invalid value of debug_mode"):
+                torch.tpu.set_sync_debug_mode("loud")
+    finally:
+        torch.tpu.set_sync_debug_mode(0)
+
+
+def test_device_of_is_cudas():
+    with torch.tpu.device_of(torch.ones(1, device="tpu")):
+        assert torch.ones(1, device="tpu").device == torch.device("tpu", 0)
+    with torch.tpu.device_of(torch.ones(1)):  # a CPU tensor: the current device stays
+        assert torch.tpu.current_device() == 0
+
+
 def test_accelerator_agrees():
     assert torch.accelerator.is_available()
     assert torch.accelerator.current_accelerator().type == "tpu"

@@ -102,6 +102,38 @@ class device:  # noqa: N801 - mirrors torch.cuda.device
         return False
 
 
+class device_of(device):  # noqa: N801 - mirrors torch.cuda.device_of
+    """Context manager selecting the device of tensor ``obj`` (tpu:0); a CPU tensor leaves
+    the current device as it is."""
+
+    def __init__(self, obj: torch.Tensor):
+        super().__init__(obj.get_device() if obj.device.type == "tpu" else None)
+
+
+_SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    """What an implicit host sync does (``.item()``, ``.cpu()``, printing, ``.tolist()``, an
+    op whose result shape depends on values): 0 / "default" nothing, 1 / "warn" warn, 2 /
+    "error" raise, naming the cause and the line, as ``torch.cuda.set_sync_debug_mode``
+    does. ``torch.tpu.synchronize()`` is never reported."""
+    from ..eager import minimal
+
+    if isinstance(debug_mode, str):
+        if debug_mode not in _SYNC_DEBUG_MODES:
+            raise RuntimeError('invalid value of debug_mode, expected one of "default", "warn", "error"')
+        debug_mode = _SYNC_DEBUG_MODES[debug_mode]
+    minimal.sync_debug_mode = min(max(int(debug_mode), 0), 2)
+
+
+def get_sync_debug_mode() -> int:
+    """The mode set by :func:`set_sync_debug_mode` (0, 1 or 2)."""
+    from ..eager import minimal
+
+    return minimal.sync_debug_mode
+
+
 def synchronize(device: Any = None) -> None:
     """Wait until every computation enqueued on the device has finished."""
     if device is not None:

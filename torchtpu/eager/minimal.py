@@ -111,6 +111,22 @@ def _memory_order(t: torch.Tensor) -> list[int] | None:
 SYNC_CAUSES = {"item": ".item()", "to_cpu": ".cpu() / print", "pickle": "torch.save / pickle"}
 
 
+# torch.tpu.set_sync_debug_mode: 0 lets host syncs pass, 1 warns and 2 raises at each, as
+# torch.cuda.set_sync_debug_mode does for CUDA's synchronizing operations
+sync_debug_mode = 0
+
+
+def _report_sync(cause: str) -> None:
+    where = checks.user_source_line()
+    message = f"called a synchronizing tpu operation ({cause}) at {where}"
+    if sync_debug_mode == 1:
+        import warnings
+
+        warnings.warn(message, stacklevel=2)
+    else:
+        raise RuntimeError(f"{message}; torch.tpu.set_sync_debug_mode(0) allows it")
+
+
 def to_cpu(t: torch.Tensor, reason: str = "to_cpu", cause: str | None = None) -> torch.Tensor:
     """A CPU copy of tpu tensor ``t`` with the same sizes (contiguous). This is a point
     where the user waits: pending deferred work runs and asynchronous errors surface.
@@ -118,6 +134,8 @@ def to_cpu(t: torch.Tensor, reason: str = "to_cpu", cause: str | None = None) ->
     if op_report.recorder is not None:
         op_report.recorder.host_sync(reason)
     cause = cause or SYNC_CAUSES.get(reason, reason)
+    if sync_debug_mode:
+        _report_sync(cause)
     metrics.add("host_syncs")
     metrics.add(metrics.SYNC_PREFIX + cause)
     if _spans.explain is not None:
