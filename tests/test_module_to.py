@@ -410,3 +410,30 @@ def test_fully_shard_moves_a_module_built_on_the_cpu_to_a_tpu_mesh(tmp_path):
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("input_device", ["cpu", "tpu"])
+def test_data_parallel_wraps_a_tpu_model_as_on_one_cuda_device(input_device):
+    """``nn.DataParallel(model)`` (older training scripts wrap unconditionally) failed at its
+    first call: its scatter and gather call ``torch._C._scatter``/``_gather``, which only a
+    CUDA build has. On tpu it trains as the bare model does on the CPU, and the gradient of
+    a CPU input comes back to the CPU, as with one CUDA device."""
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    tpu = copy.deepcopy(cpu).to(TPU)
+    wrapped = nn.DataParallel(tpu)
+    assert wrapped.device_ids == [0]
+    cpu_opt, tpu_opt = torch.optim.SGD(cpu.parameters(), lr=0.1), torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    for _ in range(3):
+        x, y = torch.randn(6, 4), torch.randn(6, 2)
+        x_cpu, x_in = x.clone().requires_grad_(), (x if input_device == "cpu" else x.to(TPU)).requires_grad_()
+        for model, opt, inp, target in ((cpu, cpu_opt, x_cpu, y), (wrapped, tpu_opt, x_in, y.to(TPU))):
+            opt.zero_grad()
+            out = model(inp)
+            ((out - target) ** 2).mean().backward()
+            opt.step()
+        assert out.device.type == "tpu"
+        assert x_in.grad.device.type == input_device
+        assert_close(x_in.grad, x_cpu.grad, **GRAD_TOL)
+    for a, e in zip(tpu.parameters(), cpu.parameters()):
+        assert_close(a, e, **GRAD_TOL)

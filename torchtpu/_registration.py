@@ -280,6 +280,9 @@ def register_device() -> None:
     from .device import modules
 
     modules.install()
+    from .device import data_parallel
+
+    data_parallel.install()  # nn.DataParallel(model) as on one CUDA device
     if not NATIVE_HOOKS:  # the C++ hooks pin for real
         from .device import pinned_memory
 
