@@ -98,6 +98,31 @@ def test_device_of_is_cudas():
         assert torch.tpu.current_device() == 0
 
 
+def test_under_torchrun_tpu_local_rank_names_the_process_device(monkeypatch):
+    """The CUDA recipe names each rank's device by LOCAL_RANK (set_device(local_rank),
+    device=f"cuda:{local_rank}", a generator there); on tpu that index names the process's one
+    device, and tensors report tpu:0. Other indices are still refused."""
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    torch.tpu.set_device(1)
+    device = torch.device("tpu", 1)
+    made = [
+        torch.randn(2, device=device),
+        torch.zeros(2, device=device),
+        torch.ones(2).to(device),
+        torch.nn.Linear(2, 2).to(device).weight,
+        torch.rand(2, device=device, generator=torch.Generator(device=device).manual_seed(0)),
+    ]
+    with torch.tpu.device(1), torch.device(device):
+        made.append(torch.arange(3))
+    assert [t.device for t in made] == [torch.device("tpu", 0)] * len(made)
+    assert torch.tpu.current_device() == 0
+    with pytest.raises(RuntimeError, match=r"device index 2\b.*exactly one device, tpu:0"):
+        torch.zeros(1, device="tpu:2")
+    monkeypatch.delenv("LOCAL_RANK")
+    with pytest.raises(RuntimeError, match=ONE_DEVICE):
+        torch.zeros(1, device="tpu:1")
+
+
 def test_accelerator_agrees():
     assert torch.accelerator.is_available()
     assert torch.accelerator.current_accelerator().type == "tpu"

@@ -285,6 +285,20 @@ def _on_cpu_and_tpu(script: Path, tmp_path: Path) -> dict[str, list[dict]]:
     return results
 
 
+@pytest.mark.slow  # two torchrun launches (16 s); test_device.py checks the alias in one process
+def test_the_cuda_ddp_recipe_with_local_rank_devices_runs_unchanged(tmp_path: Path) -> None:
+    """PyTorch's DDP tutorial on tpu: ``torch.tpu.set_device(local_rank)``, the model on
+    ``tpu:LOCAL_RANK``, ``DDP(model, device_ids=[local_rank], output_device=local_rank)``.
+    Rank 1 raised "device index 1 is not available"; tpu:LOCAL_RANK now names the process's
+    one device (tensors report tpu:0), and the losses and weights are gloo's on the CPU."""
+    results = _on_cpu_and_tpu(SCRIPTS / "cuda_recipe.py", tmp_path)
+    for cpu, tpu in zip(results["cpu"], results["tpu"]):
+        assert (tpu["device"], tpu["generator"]) == ("tpu:0", "tpu:0")
+        assert tpu["losses"] == pytest.approx(cpu["losses"], rel=1e-5)
+        for a, e in zip(tpu["weights"], cpu["weights"]):
+            assert a == pytest.approx(e, rel=1e-4, abs=1e-6)
+
+
 @pytest.mark.slow  # two torchrun launches (make test-all); test_hf_stack.py checks the set-up in one process
 def test_hugging_face_trainer_under_torchrun_trains_ddp_as_on_the_cpu(tmp_path: Path) -> None:
     """``torchrun --nproc-per-node=2`` of a Trainer script: accelerate initialises the "tpu"

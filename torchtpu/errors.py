@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -54,9 +55,28 @@ def not_implemented(op_name: str, detail: str = "") -> NotImplementedError:
 
 
 def one_device_error(index: object) -> RuntimeError:
-    """A device index other than 0: each process drives exactly one device."""
+    """A device index that names no device of this process's: each drives exactly one."""
     return RuntimeError(
-        f"torchtpu: device index {index} is not available: each process drives exactly one device, tpu:0. "
-        "To use several devices, run one process per device (torchrun --nproc-per-node=N) and use 'tpu' "
-        "(or 'tpu:0') in each."
+        f"torchtpu: device index {index} is not available: each process drives exactly one device, tpu:0 "
+        "(also named tpu:LOCAL_RANK in a process torchrun started). To use several devices, run one process "
+        "per device (torchrun --nproc-per-node=N) and use 'tpu' (or 'tpu:0', or 'tpu:LOCAL_RANK') in each."
     )
+
+
+def names_this_process_device(index: int | None) -> bool:
+    """Whether device index ``index`` names the process's device: tpu:0, or, in a process
+    torchrun started, tpu:LOCAL_RANK, so the CUDA recipe (``torch.cuda.set_device(local_rank)``,
+    ``device=f"cuda:{local_rank}"``, ``DDP(model, device_ids=[local_rank])``) runs unchanged
+    with "tpu". Tensors report tpu:0 either way."""
+    if index is None or index == 0:
+        return True
+    local_rank = os.environ.get("LOCAL_RANK")
+    return local_rank is not None and local_rank.strip().isdigit() and index == int(local_rank)
+
+
+def check_device_index(index: int | None) -> None:
+    """Raise :func:`one_device_error` unless ``index`` names the process's device."""
+    if not names_this_process_device(index):
+        raise one_device_error(index)
+
+

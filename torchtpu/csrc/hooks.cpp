@@ -12,6 +12,8 @@
 
 #include <Python.h>
 
+#include <cstdlib>
+
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Generator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -133,10 +135,16 @@ class PinnedAllocator final : public c10::Allocator {
 // A device index other than tpu:0 (or none): refused, as CUDA refuses an ordinal it has not
 // ("invalid device ordinal") instead of running on another device; what to do, as in
 // torchtpu.errors.one_device_error.
+// tpu:LOCAL_RANK names the same device in a process torchrun started (torchtpu.errors.
+// names_this_process_device): the CUDA recipe's set_device(local_rank) runs unchanged.
 void check_index(c10::DeviceIndex index) {
-  TORCH_CHECK(index <= 0, "Invalid device index ", static_cast<int>(index),
-              ": each torchtpu process drives exactly one device, tpu:0. To use several devices, run one "
-              "process per device (torchrun --nproc-per-node=N) and use 'tpu' (or 'tpu:0') in each.");
+  if (index <= 0) return;
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  if (local_rank != nullptr && *local_rank != '\0' && index == std::atoi(local_rank)) return;
+  TORCH_CHECK(false, "Invalid device index ", static_cast<int>(index),
+              ": each torchtpu process drives exactly one device, tpu:0 (also named tpu:LOCAL_RANK in a process "
+              "torchrun started). To use several devices, run one process per device (torchrun "
+              "--nproc-per-node=N) and use 'tpu' (or 'tpu:0', or 'tpu:LOCAL_RANK') in each.");
 }
 
 struct TpuHooks final : public at::PrivateUse1HooksInterface {
@@ -155,7 +163,7 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
 
   at::Generator getNewGenerator(c10::DeviceIndex index) const override {
     check_index(index);
-    return at::make_generator<TpuGenerator>(index < 0 ? 0 : index);
+    return at::make_generator<TpuGenerator>(0);  // tpu:LOCAL_RANK is tpu:0 too
   }
   const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
     TORCH_CHECK(false,

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..errors import one_device_error
+from ..errors import check_device_index
 from ..runner.precision import Precision, get_precision, precision  # noqa: F401 - torch.tpu.precision
 from ..runtime import memory as _memory
 from ..runtime import pjrt as _pjrt
@@ -32,8 +32,7 @@ def _index(device: Any) -> int:
         if d.type != "tpu":
             raise ValueError(f"expected a tpu device, got {d}")
         idx = 0 if d.index is None else d.index
-    if idx != 0:
-        raise one_device_error(idx)
+    check_device_index(idx)  # tpu:0, or tpu:LOCAL_RANK under torchrun: the same device
     return 0
 
 

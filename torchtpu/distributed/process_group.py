@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from .. import config, metrics
-from ..errors import TpuError, one_device_error
+from ..errors import TpuError, check_device_index
 from ..runtime import pjrt, platforms
 from . import _fsdp
 from ._work import CHECK_SLOT_BYTES, CrossRankCheck, TpuWork, completed
@@ -144,8 +144,8 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def _get_backend(self, device: torch.device) -> TpuProcessGroup:
         device = torch.device(device)
-        if device.type == "tpu" and device.index not in (None, 0):
-            raise one_device_error(device.index)
+        if device.type == "tpu":
+            check_device_index(device.index)
         return self
 
     def _label(self) -> str:

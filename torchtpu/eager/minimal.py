@@ -37,9 +37,9 @@ def check_device(device: Any) -> None:
     if device is not None:
         index = torch.device(device).index
         if index not in (None, 0):
-            from ..errors import one_device_error
+            from ..errors import check_device_index
 
-            raise one_device_error(index)
+            check_device_index(index)
 
 
 # -- host <-> device --------------------------------------------------------------
