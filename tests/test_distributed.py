@@ -285,6 +285,21 @@ def _on_cpu_and_tpu(script: Path, tmp_path: Path) -> dict[str, list[dict]]:
     return results
 
 
+@pytest.mark.slow  # two torchrun launches (15 s)
+def test_object_collectives_and_no_sync_accumulation_match_gloo(tmp_path: Path) -> None:
+    """all_gather_object, broadcast_object_list, gather_object and scatter_object_list (what
+    evaluation loops and accelerate's gather_object use) deliver what gloo delivers, and DDP's
+    ``no_sync`` gradient accumulation trains to gloo's losses and weights."""
+    results = _on_cpu_and_tpu(SCRIPTS / "objects_and_no_sync.py", tmp_path)
+    for cpu, tpu in zip(results["cpu"], results["tpu"]):
+        assert tpu["objects"] == cpu["objects"]
+        assert tpu["accumulate"]["losses"] == pytest.approx(cpu["accumulate"]["losses"], rel=1e-5)
+        for a, e in zip(tpu["accumulate"]["weights"], cpu["accumulate"]["weights"]):
+            assert a == pytest.approx(e, rel=1e-4, abs=1e-6)
+    assert results["tpu"][0]["objects"]["at_root"] == [["tuple", 0], ["tuple", 1]]
+    assert [r["objects"]["scattered"] for r in results["tpu"]] == [["for 0"], ["for 1"]]
+
+
 @pytest.mark.slow  # two torchrun launches (16 s); test_device.py checks the alias in one process
 def test_the_cuda_ddp_recipe_with_local_rank_devices_runs_unchanged(tmp_path: Path) -> None:
     """PyTorch's DDP tutorial on tpu: ``torch.tpu.set_device(local_rank)``, the model on
