@@ -33,7 +33,8 @@ def _ensure_ops() -> None:
 
 
 def check_device(device: Any) -> None:
-    """Refuse a tpu device index other than 0 (each process drives one device)."""
+    """Refuse a device index that names no device of this process's (errors.check_device_index:
+    tpu:0, or tpu:LOCAL_RANK under torchrun)."""
     if device is not None:
         index = torch.device(device).index
         if index not in (None, 0):
