@@ -1,5 +1,6 @@
 """torch.tpu mirrors torch.cuda; torch.accelerator agrees."""
 
+import gc
 import subprocess
 import sys
 
@@ -121,6 +122,37 @@ def test_under_torchrun_tpu_local_rank_names_the_process_device(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK")
     with pytest.raises(RuntimeError, match=ONE_DEVICE):
         torch.zeros(1, device="tpu:1")
+
+
+@pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
+def test_per_process_memory_fraction_caps_what_tensors_hold(mode):
+    """torch.tpu.set_per_process_memory_fraction, as CUDA's: an op whose result would pass
+    the cap raises torch.OutOfMemoryError and nothing is counted for it; torch.empty is
+    checked at creation (its buffer comes at the first write); the process goes on, and
+    1.0 lifts the cap. It did not exist. (test_native_fast.py checks the C counters' cap
+    against their Python twin.)"""
+    gc.collect()  # storages of earlier tests die now, not inside the measured window
+    total = torch.tpu.mem_get_info()[1]
+    base = torch.tpu.memory_allocated()
+    mib = 2**20
+    try:
+        torch.tpu.set_per_process_memory_fraction((base + 10 * mib) / total)  # room for 10 MiB more
+        assert torch.tpu.get_per_process_memory_fraction() == (base + 10 * mib) / total
+        with torchtpu.eager_mode(mode):
+            kept = torch.ones(mib, device="tpu")  # 4 MiB: fits
+            for make in (lambda: torch.ones(4 * mib, device="tpu"), lambda: torch.empty(4 * mib, device="tpu"), lambda: kept.repeat(4)):
+                with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 16.0 MiB.*set_per_process_memory_fraction"):
+                    make()
+            assert torch.tpu.memory_allocated() == base + 4 * mib
+            assert (kept * 2).sum().item() == 2 * mib  # the process goes on
+        torch.tpu.set_per_process_memory_fraction(1.0)
+        assert torch.ones(4 * mib, device="tpu").sum().item() == 4 * mib
+    finally:
+        torch.tpu.set_per_process_memory_fraction(1.0)
+    with pytest.raises(ValueError, match="Allowed range: 0~1"):
+        torch.tpu.set_per_process_memory_fraction(1.5)
+    with pytest.raises(TypeError, match="must be `float`"):
+        torch.tpu.set_per_process_memory_fraction(1)
 
 
 def test_accelerator_agrees():

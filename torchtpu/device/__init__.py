@@ -283,6 +283,44 @@ def memory_stats(device: Any = None) -> OrderedDict[str, int]:
     return OrderedDict(sorted(stats.items()))
 
 
+_memory_fraction = [1.0]  # set_per_process_memory_fraction's, for get_per_process_memory_fraction
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Cap the memory this process's tensors may hold at ``fraction`` of the device's total
+    (``mem_get_info()[1]``), as ``torch.cuda.set_per_process_memory_fraction``: an op (eager
+    or DeferAndFuse), a copy to tpu or a factory whose new tensors would pass it raises
+    ``torch.OutOfMemoryError`` (``TpuOutOfMemoryError``) before anything happens, and the
+    process goes on. A compiled graph's results are counted in ``memory_allocated`` but
+    not refused. 1.0 lifts the cap."""
+    _index(device)
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    total = mem_get_info()[1]
+    limit = int(fraction * total)
+    _memory_fraction[0] = fraction
+
+    def over_limit(nbytes: int) -> None:
+        from ..errors import TpuOutOfMemoryError
+
+        raise TpuOutOfMemoryError(
+            f"torchtpu: tpu out of memory. Tried to allocate {_mib(nbytes)}; this process's tensors hold "
+            f"{_mib(_memory.current())} and torch.tpu.set_per_process_memory_fraction({fraction}) allows "
+            f"{_mib(limit)} of the device's {_mib(total)}. Free the tensors you no longer need (del, "
+            "optimizer.zero_grad(set_to_none=True)), use a smaller batch, or raise the fraction."
+        )
+
+    _memory.set_limit(None if fraction == 1.0 else limit, over_limit)
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    """The fraction set by :func:`set_per_process_memory_fraction` (1.0 by default)."""
+    _index(device)
+    return _memory_fraction[0]
+
+
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     """``(free, total)`` bytes of the device, as ``torch.cuda.mem_get_info`` (on the cpu
     platform, the host's available and physical memory)."""

@@ -44,6 +44,7 @@ from ..lowering.strided import buffer_shape
 from ..runner import checks
 from ..runner.bounded import BoundedCache
 from ..runner.program import Blame, ProgramBuilder, StorageProgram, execute
+from ..runtime import memory
 from ..stablehlo.builder import Builder, Value
 from ..tensor.storage import Cell, new_tensor
 from . import growth, modes, rng, validate
@@ -250,6 +251,8 @@ def record(plan: OpPlan, values: list[Any], call: Any, key: tuple, generator: to
     spec = _SPECS.get(key)
     if spec is None:
         spec = _SPECS[key] = _spec(plan, values, call)
+    if memory.cap is not None:  # torch.tpu.set_per_process_memory_fraction: refuse before recording
+        memory.ensure_room(memory.new_bytes(spec.outputs))
     slot, epoch = g.slot, g.epoch
     # Graph.slot's first test inlined: most storages an op reads are in the graph already
     gslots = tuple([t[1] if (t := c.gslot) is not None and t[0] == epoch else slot(c) for c in call.cells])

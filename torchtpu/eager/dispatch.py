@@ -30,7 +30,7 @@ from ..runner import checks
 from ..runner.bounded import BoundedCache
 from ..runner.precision import current as current_precision
 from ..runner.program import OutputSpec, ProgramBuilder, StorageProgram, device_scalar, execute, take_pending, write_back
-from ..runtime import pjrt
+from ..runtime import memory, pjrt
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, collect_call, configure_collect, donatable, eager_keys, input_buffers, new_tensor
 from . import buckets, deferred, growth, modes, rng, scalar_range, validate
@@ -299,6 +299,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     inputs.extend(call.scalars)
     if plan.random:
         inputs.append(rng.next_state_buffer(generator))
+    if memory.cap is not None:  # torch.tpu.set_per_process_memory_fraction: refuse before running
+        memory.ensure_room(memory.new_bytes(prog.outputs))
     outs = execute(prog.storage, inputs, plan.name)
     if mode == modes.BLOCKING:
         _wait_for_call(plan, outs)

@@ -13,7 +13,7 @@ import torch
 from .. import _spans, metrics, op_report
 from ..lowering.strided import contiguous_strides, dense_order, storage_extent, storage_param
 from ..runner import checks
-from ..runtime import pjrt
+from ..runtime import memory, pjrt
 from ..stablehlo.types import host_numpy, numpy_dtype, torch_from_host
 from ..tensor.storage import _CPU_KEYSET, Cell, _fake_pointer, _set_storage, attach, cell_of, new_tensor
 
@@ -61,6 +61,7 @@ def from_cpu(t: torch.Tensor, keep_layout: bool = False) -> torch.Tensor:
     if order is not None:  # upload the elements in memory order; the view restores the sizes
         t = t.permute(order)
     arr = _host_array(t)  # the buffer keeps the (permuted) tensor's shape (see Cell)
+    memory.ensure_room(arr.nbytes)  # torch.tpu.set_per_process_memory_fraction
     buf = _put(arr)
     metrics.add("h2d_bytes", arr.nbytes)
     metrics.add("h2d_transfers")
@@ -250,6 +251,7 @@ def empty_memory_format(
         strides = torch.empty(size, memory_format=memory_format, device="meta").stride()
     else:
         strides = contiguous_strides(size)
+    memory.ensure_room(numel * dtype.itemsize)  # its buffer comes at its first write: check the cap now
     return new_tensor(Cell(numel, dtype), size, strides, 0, dtype)
 
 
@@ -266,7 +268,9 @@ def empty_strided(
     _check_size_nonnegative(size)
     check_not_pinned(pin_memory)
     dtype = _dtype(dtype)
-    return new_tensor(Cell(storage_extent(size, stride, 0), dtype), size, stride, 0, dtype)
+    numel = storage_extent(size, stride, 0)
+    memory.ensure_room(numel * dtype.itemsize)  # as empty_memory_format
+    return new_tensor(Cell(numel, dtype), size, stride, 0, dtype)
 
 
 def new_empty_strided(
