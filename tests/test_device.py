@@ -140,11 +140,18 @@ def test_per_process_memory_fraction_caps_what_tensors_hold(mode):
         assert torch.tpu.get_per_process_memory_fraction() == (base + 10 * mib) / total
         with torchtpu.eager_mode(mode):
             kept = torch.ones(mib, device="tpu")  # 4 MiB: fits
-            for make in (lambda: torch.ones(4 * mib, device="tpu"), lambda: torch.empty(4 * mib, device="tpu"), lambda: kept.repeat(4)):
+            refused = (
+                lambda: torch.ones(4 * mib, device="tpu"),
+                lambda: torch.empty(4 * mib, device="tpu"),
+                lambda: kept.repeat(4),
+                lambda: torch.full((4 * mib,), 3.7, device="tpu"),  # a device operand: the pending graph must not keep it
+                lambda: torch.ones(4 * mib).to("tpu"),
+            )
+            for make in refused:
                 with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 16.0 MiB.*set_per_process_memory_fraction"):
                     make()
             assert torch.tpu.memory_allocated() == base + 4 * mib
-            assert (kept * 2).sum().item() == 2 * mib  # the process goes on
+            assert (kept * 2.5 + 1.25).sum().item() == 3.75 * mib  # the process (and a pending graph) goes on
         torch.tpu.set_per_process_memory_fraction(1.0)
         assert torch.ones(4 * mib, device="tpu").sum().item() == 4 * mib
     finally:
