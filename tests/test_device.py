@@ -126,29 +126,28 @@ def test_under_torchrun_tpu_local_rank_names_the_process_device(monkeypatch):
 
 @pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
 def test_per_process_memory_fraction_caps_what_tensors_hold(mode):
-    """torch.tpu.set_per_process_memory_fraction, as CUDA's: an op whose result would pass
-    the cap raises torch.OutOfMemoryError and nothing is counted for it; torch.empty is
-    checked at creation (its buffer comes at the first write); the process goes on, and
-    1.0 lifts the cap. It did not exist. (test_native_fast.py checks the C counters' cap
-    against their Python twin.)"""
+    """torch.tpu.set_per_process_memory_fraction, as CUDA's: an op, a factory (torch.empty
+    too, whose buffer comes at its first write) or a copy to tpu whose result would pass the
+    cap raises torch.OutOfMemoryError before anything happens; the process, and a pending
+    DeferAndFuse graph, go on; 1.0 lifts the cap. It did not exist."""
     gc.collect()  # storages of earlier tests die now, not inside the measured window
     total = torch.tpu.mem_get_info()[1]
     base = torch.tpu.memory_allocated()
     mib = 2**20
     try:
-        torch.tpu.set_per_process_memory_fraction((base + 10 * mib) / total)  # room for 10 MiB more
-        assert torch.tpu.get_per_process_memory_fraction() == (base + 10 * mib) / total
+        torch.tpu.set_per_process_memory_fraction((base + 20 * mib) / total)  # room for 20 MiB more
+        assert torch.tpu.get_per_process_memory_fraction() == (base + 20 * mib) / total
         with torchtpu.eager_mode(mode):
             kept = torch.ones(mib, device="tpu")  # 4 MiB: fits
             refused = (
-                lambda: torch.ones(4 * mib, device="tpu"),
-                lambda: torch.empty(4 * mib, device="tpu"),
-                lambda: kept.repeat(4),
-                lambda: torch.full((4 * mib,), 3.7, device="tpu"),  # a device operand: the pending graph must not keep it
-                lambda: torch.ones(4 * mib).to("tpu"),
+                lambda: torch.ones(6 * mib, device="tpu"),
+                lambda: torch.empty(6 * mib, device="tpu"),
+                lambda: kept.repeat(6),
+                lambda: torch.full((6 * mib,), 3.7, device="tpu"),  # a device operand: the pending graph must not keep it
+                lambda: torch.ones(6 * mib).to("tpu"),
             )
             for make in refused:
-                with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 16.0 MiB.*set_per_process_memory_fraction"):
+                with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 24.0 MiB.*set_per_process_memory_fraction"):
                     make()
             assert torch.tpu.memory_allocated() == base + 4 * mib
             assert (kept * 2.5 + 1.25).sum().item() == 3.75 * mib  # the process (and a pending graph) goes on
