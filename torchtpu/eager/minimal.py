@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .. import _spans, metrics, op_report
+from ..errors import check_device_index
 from ..lowering.strided import contiguous_strides, dense_order, storage_extent, storage_param
 from ..runner import checks
 from ..runtime import memory, pjrt
@@ -36,11 +37,7 @@ def check_device(device: Any) -> None:
     """Refuse a device index that names no device of this process's (errors.check_device_index:
     tpu:0, or tpu:LOCAL_RANK under torchrun)."""
     if device is not None:
-        index = torch.device(device).index
-        if index not in (None, 0):
-            from ..errors import check_device_index
-
-            check_device_index(index)
+        check_device_index(torch.device(device).index)
 
 
 # -- host <-> device --------------------------------------------------------------
