@@ -12,7 +12,12 @@ warm-up steps, each step ending with ``torch.tpu.synchronize()``:
 - ``DDP <transport>``: 2 processes, batch 32 each, DDP's default buckets, asynchronous
   all_reduce (the communication of a bucket overlaps the rest of the backward);
 - ``DDP <transport>, no overlap``: the same with a comm hook that all-reduces each bucket
-  synchronously (what DDP did when every collective completed before returning).
+  synchronously (what DDP did when every collective completed before returning);
+- ``PyTorch CPU: ...``: the same step on CPU tensors, one process and DDP over gloo, as a
+  reference for what two processes gain on this machine at all (on two cores, one process
+  already keeps both busy, and each DDP rank gets one).
+
+The 2-process rows run with ``OMP_NUM_THREADS=1``, as torchrun starts its workers.
 
 ``--defer`` adds the same under DeferAndFuse (``TORCHTPU_DEFER_AND_FUSE=1``), against a
 1-process DeferAndFuse step: DDP on the xla transport, whose bucket all_reduces are recorded
@@ -47,12 +52,12 @@ def _model() -> Any:
     return nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU(), nn.Linear(H, C))
 
 
-def _batch(rank: int, world: int) -> tuple[Any, Any]:
+def _batch(rank: int, world: int, device: str) -> tuple[Any, Any]:
     import torch
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(B, D, generator=g), torch.randint(0, C, (B,), generator=g)
-    return x.chunk(world)[rank].to("tpu"), y.chunk(world)[rank].to("tpu")
+    return x.chunk(world)[rank].to(device), y.chunk(world)[rank].to(device)
 
 
 def _sync_hook(state, bucket):  # noqa: ANN001, ANN202 - DDP rejects a hook annotated other than GradBucket
@@ -68,19 +73,20 @@ def _sync_hook(state, bucket):  # noqa: ANN001, ANN202 - DDP rejects a hook anno
     return fut
 
 
-def _step_fn(model: Any, rank: int, world: int) -> Any:
+def _step_fn(model: Any, rank: int, world: int, device: str = "tpu") -> Any:
     import torch
     import torch.nn.functional as F
 
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    x, y = _batch(rank, world)
+    x, y = _batch(rank, world, device)
+    synchronize = torch.tpu.synchronize if device == "tpu" else (lambda: None)  # CPU ops are done on return
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-        torch.tpu.synchronize()
+        synchronize()
         return loss
 
     return step
@@ -98,24 +104,24 @@ def _median_ms(step: Any, steps: int, barrier: Any = None) -> float:
     return statistics.median(times) * 1e3
 
 
-def single(steps: int) -> None:
+def single(steps: int, device: str) -> None:
     import torch  # noqa: F401 - loads the tpu device
 
-    print(f"RESULT single {_median_ms(_step_fn(_model().to('tpu'), 0, 1), steps):.3f}", flush=True)
+    print(f"RESULT single {_median_ms(_step_fn(_model().to(device), 0, 1, device), steps):.3f}", flush=True)
 
 
-def ddp(steps: int, transport: str, overlap: bool) -> None:
+def ddp(steps: int, transport: str, overlap: bool, device: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     os.environ["TORCHTPU_COLLECTIVES"] = transport
-    dist.init_process_group("tpu")
+    dist.init_process_group("tpu" if device == "tpu" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
-    model = DDP(_model().to("tpu"))
+    model = DDP(_model().to(device))
     if not overlap:
         model.register_comm_hook(None, _sync_hook)
-    ms = _median_ms(_step_fn(model, rank, world), steps, lambda: dist.barrier(group=gloo))
+    ms = _median_ms(_step_fn(model, rank, world, device), steps, lambda: dist.barrier(group=gloo))
     if rank == 0:
         print(f"RESULT ddp {ms:.3f}", flush=True)
     dist.destroy_process_group()
@@ -128,6 +134,8 @@ def _launch(nproc: int, args: list[str], env: dict[str, str]) -> list[str]:
     procs = []
     for r in range(nproc):
         e = dict(os.environ, **env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc))
+        if nproc > 1:
+            e.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it
         e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         procs.append(subprocess.Popen([sys.executable, __file__, *args], env=e, stdout=subprocess.PIPE, text=True))
     outs = [p.communicate()[0] for p in procs]
@@ -150,15 +158,18 @@ class Row(NamedTuple):
     reference: str  # the name of the row it is compared with
 
 
-def _ddp_row(steps: int, transport: str, overlap: bool, env: dict[str, str]) -> float:
-    args = ["--worker", "ddp", "--steps", str(steps), "--transports", transport] + ([] if overlap else ["--no-overlap"])
-    return _result(_launch(2, args, env))
+def _ddp_row(steps: int, transport: str, overlap: bool, env: dict[str, str], device: str = "tpu") -> float:
+    args = ["--worker", "ddp", "--steps", str(steps), "--transports", transport, "--device", device]
+    return _result(_launch(2, args + ([] if overlap else ["--no-overlap"]), env))
 
 
 def table(steps: int, transports: list[str], defer: bool) -> None:
     single_args = ["--worker", "single", "--steps", str(steps)]
     eager_ref = "1 process, batch 64"
     rows = [Row(eager_ref, _result(_launch(1, single_args, {})), eager_ref)]
+    cpu_ref = "PyTorch CPU: 1 process, batch 64"
+    rows.append(Row(cpu_ref, _result(_launch(1, [*single_args, "--device", "cpu"], {})), cpu_ref))
+    rows.append(Row("PyTorch CPU: DDP gloo, 2 x batch 32", _ddp_row(steps, "host", True, {}, "cpu"), cpu_ref))
     for tr in transports:
         for overlap in (True, False):
             name = f"DDP {tr}" + ("" if overlap else ", no overlap") + ", 2 x batch 32"
@@ -190,7 +201,7 @@ def profile(transport: str) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = DDP(_model().to("tpu"))
     step = _step_fn(model, rank, world)
-    x, y = _batch(rank, world)
+    x, y = _batch(rank, world, "tpu")
     for _ in range(3):
         step()
     # device_timing: each backward program's span lasts until the device finished it, so
@@ -239,12 +250,13 @@ def main() -> None:
     p.add_argument("--defer", action="store_true", help="add DeferAndFuse rows (DDP on the xla transport)")
     p.add_argument("--worker", choices=["single", "ddp", "profile"], help=argparse.SUPPRESS)
     p.add_argument("--no-overlap", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--device", default="tpu", choices=["tpu", "cpu"], help=argparse.SUPPRESS)
     args = p.parse_args()
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     if args.worker == "single":
-        return single(args.steps)
+        return single(args.steps, args.device)
     if args.worker == "ddp":
-        return ddp(args.steps, transports[0], not args.no_overlap)
+        return ddp(args.steps, transports[0], not args.no_overlap, args.device)
     if args.worker == "profile":
         return profile(transports[0])
     if args.profile:
