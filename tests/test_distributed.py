@@ -128,6 +128,28 @@ def _assert_same_losses(out: Path, name: str, tol: float) -> None:
         assert res["max_diff"] <= tol, f"rank {r}: {res['losses']} vs single-process {res['reference']}"
 
 
+def assert_pipeline_matches_one_process(out: Path) -> None:
+    """pipeline.py's reports: the two-way exchange delivered each rank the other's values,
+    and both schedules trained each stage as one process on the CPU trains the whole model."""
+    for r in range(2):
+        res = _read(out, f"rank{r}.json")
+        assert res["received"] == [float(2 - r)] * 3  # rank 0 gets rank 1's 2.0s, rank 1 rank 0's 1.0s
+        for name in ("gpipe", "1f1b"):
+            assert res[name]["param_diff"] <= 1e-6, f"rank {r} {name}"  # measured 1.5e-8
+            if r == 1:  # the last stage computes the losses
+                assert res[name]["losses"] == pytest.approx(res[name]["ref_losses"], rel=1e-5)
+    last = _read(out, "rank1.json")
+    assert (last["sent_once"], last["source"]) == ([7.0, 8.0], 0)
+
+
+def test_pipeline_schedules_exchanging_both_ways_match_one_process(tmp_path: Path) -> None:
+    """torch.distributed.pipelining's GPipe and 1F1B on 2 ranks, and a batch_isend_irecv in
+    which both ranks send first. A send used to return only once the peer had received it,
+    so two ranks sending to each other at once (1F1B's steady state) waited forever."""
+    _check_rc(spawn(SCRIPTS / "pipeline.py", "tpu", out=tmp_path, timeout=180))
+    assert_pipeline_matches_one_process(tmp_path)
+
+
 def test_ddp_matches_single_process(tmp_path: Path) -> None:
     _check_rc(spawn(EXAMPLES / "ddp.py", "--compare", out=tmp_path, timeout=240))
     _assert_same_losses(tmp_path, "ddp", 1e-4)

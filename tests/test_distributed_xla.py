@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import EXAMPLES, ROOT, SCRIPTS, _check_rc, _read, assert_checks_ok, spawn
+from test_distributed import (
+    EXAMPLES,
+    ROOT,
+    SCRIPTS,
+    _check_rc,
+    _read,
+    assert_checks_ok,
+    assert_pipeline_matches_one_process,
+    spawn,
+)
 
 from torchtpu.distributed import xla_programs as P
 
@@ -106,6 +115,14 @@ def test_xla_collectives_2_processes(tmp_path: Path) -> None:
     uneven all_to_all, send/recv, DeviceMesh dimensions, subgroups and program caching."""
     _check_rc(spawn(SCRIPTS / "collectives_xla.py", out=tmp_path, timeout=300, **XLA))
     _assert_all_ok(tmp_path, 2)
+
+
+def test_xla_pipeline_schedules_exchanging_both_ways_match_one_process(tmp_path: Path) -> None:
+    """GPipe and 1F1B on the xla transport, where a send and its recv are one two-rank
+    program: posted sends and recvs run at the first wait, ordered by (source, destination)
+    on every rank, so two ranks sending to each other run the same programs in the same order."""
+    _check_rc(spawn(SCRIPTS / "pipeline.py", "tpu", out=tmp_path, timeout=180, **XLA))
+    assert_pipeline_matches_one_process(tmp_path)
 
 
 @pytest.mark.slow  # make test runs the host transport's twin (tests/test_distributed.py)

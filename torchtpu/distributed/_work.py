@@ -148,6 +148,65 @@ class Worker:
 _completer = Worker("torchtpu-collective-completion")
 
 
+class Posted:
+    """A point-to-point transfer gloo has posted (the host transport): ``finish`` runs once,
+    on the first thread that sees it complete (a recv's write-back into its tpu tensors);
+    ``keep`` holds the host memory gloo reads or writes until then.
+
+    Posting at once and waiting later is what lets two ranks exchange in both directions
+    (a pipeline schedule's ``batch_isend_irecv`` of a send and a recv on each side): a send
+    that waited for its peer's recv before returning would wait for a peer doing the same."""
+
+    __slots__ = ("_work", "_finish", "_keep", "_lock", "_finished", "_error")
+
+    def __init__(self, work: Any, keep: Any = None, finish: Callable[[], None] | None = None) -> None:
+        self._work, self._keep, self._finish = work, keep, finish
+        self._lock = threading.Lock()
+        self._finished = False
+        self._error: BaseException | None = None
+
+    def wait(self) -> None:
+        with self._lock:  # gloo's wait, once: a second wait on a recv would wait for another message
+            if not self._finished:
+                try:
+                    self._work.wait()
+                    if self._finish is not None:
+                        self._finish()
+                except BaseException as e:
+                    self._error = e
+                    raise
+                finally:
+                    self._finished = True
+                    self._keep = self._finish = None
+            elif self._error is not None:
+                raise self._error
+
+    def done(self) -> bool:
+        """Whether the transfer is over, a recv's value written back: once gloo's own work
+        says it completed, as ``is_completed()`` of a gloo work on CPU tensors does."""
+        if not self._finished and self._work.is_completed():
+            try:
+                self.wait()
+            except BaseException:  # noqa: BLE001 - over, with an error that wait() raises
+                return True
+        return self._finished
+
+    def source_rank(self) -> int:
+        """The rank a recv from any source came from (after ``wait``)."""
+        return self._work._source_rank()
+
+    def add_done_callback(self, cb: Callable[[BaseException | None], None]) -> None:
+        def wait_then_call() -> None:
+            try:
+                self.wait()
+            except BaseException as e:  # noqa: BLE001 - handed to the callback
+                cb(e)
+                return
+            cb(None)
+
+        _completer.submit(wait_then_call)
+
+
 class Launched:
     """A collective whose program is already enqueued on the device (the xla transport):
     done when its result buffers are ready."""
@@ -252,6 +311,12 @@ class TpuWork(dist.Work):
         return self._result if isinstance(self._result, list) else []
 
     def _source_rank(self) -> int:
+        """The rank a recv came from; for a recv from any rank, known once it completed."""
+        if self.source_rank_value < 0:
+            for p in self._pending:
+                if isinstance(p, Posted):
+                    self.wait()
+                    self.source_rank_value = p.source_rank()
         return self.source_rank_value
 
     def get_future(self) -> Future:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from .. import _spans, metrics
 from ._host import Whole, capture_whole, empty_like_host, is_tpu, read_view, work_copy, write_back
-from ._work import CHECK_SLOT_BYTES, CrossRankCheck, Job, Worker
+from ._work import CHECK_SLOT_BYTES, CrossRankCheck, Job, Posted, Worker
 
 ReduceOp = dist.ReduceOp
 # An all_reduce this small runs on the caller's thread when nothing else is in flight: it
@@ -315,24 +315,21 @@ class GlooHostTransport:
         o.timeout = self._timeout(opts)
         self.gloo.barrier(o).wait()
 
-    # -- point to point -------------------------------------------------------------------
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> None:
-        self.gloo.send([read_view(t).contiguous() for t in tensors], dst, tag).wait()
+    # -- point to point: posted now, completed by the work's wait (Posted) -------------------
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Posted:
+        self.drain()  # the group's asynchronous collectives issued before it come first
+        hosts = [read_view(t).contiguous() for t in tensors]  # a view holds its device buffer: no donation meanwhile
+        return Posted(self.gloo.send(hosts, dst, tag), keep=hosts)
 
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> int:
-        hs = [empty_like_host(t) for t in tensors]
-        self.gloo.recv(hs, src, tag).wait()
-        for t, h in zip(tensors, hs):
-            write_back(t, h)
-        return src
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Posted:
+        self.drain()
+        hosts = [empty_like_host(t) for t in tensors]
+        return Posted(self.gloo.recv(hosts, src, tag), finish=lambda: _write_back_all(tensors, hosts))
 
-    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> int:
-        hs = [empty_like_host(t) for t in tensors]
-        work = self.gloo.recv_anysource(hs, tag)
-        work.wait()
-        for t, h in zip(tensors, hs):
-            write_back(t, h)
-        return work._source_rank()
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Posted:
+        self.drain()
+        hosts = [empty_like_host(t) for t in tensors]
+        return Posted(self.gloo.recv_anysource(hosts, tag), finish=lambda: _write_back_all(tensors, hosts))
 
     # -- small exchanges for the process group's own checks --------------------------------------
     def allgather_small(self, value: torch.Tensor) -> torch.Tensor:
@@ -354,6 +351,11 @@ class GlooHostTransport:
             self.gloo.abort()
         except Exception:  # noqa: BLE001 - best effort
             pass
+
+
+def _write_back_all(tensors: list[torch.Tensor], hosts: list[torch.Tensor]) -> None:
+    for t, h in zip(tensors, hosts):
+        write_back(t, h)
 
 
 __all__ = ["GlooHostTransport", "is_tpu"]

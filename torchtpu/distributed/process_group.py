@@ -366,17 +366,28 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     # -- point to point (no cross-rank check: the peers' calls are send and recv) ----------------
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
-        self._run("send", None, lambda: self._t.send(tensors, dst, tag))
-        return self._done(tensors)
+        return self._p2p("send", tensors, lambda: self._t.send(tensors, dst, tag), dst)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
-        self._run("recv", None, lambda: self._t.recv(tensors, src, tag))
-        return self._done(tensors)
+        return self._p2p("recv", tensors, lambda: self._t.recv(tensors, src, tag), src)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
-        src = self._run("recv", None, lambda: self._t.recv_anysource(tensors, tag))
-        work = self._done(tensors)
-        work.source_rank_value = src
+        return self._p2p("recv", tensors, lambda: self._t.recv_anysource(tensors, tag), -1)
+
+    def _p2p(self, name: str, tensors: list[torch.Tensor], post: Callable[[], Any], peer: int) -> TpuWork:
+        """A send or recv: the transport either completes it (returns None) or posts it and
+        returns what its work waits on, as gloo's ``isend``/``irecv`` do -- so that both
+        ranks of a pipeline exchange can post their sends before either waits."""
+        metrics.add("collectives")
+        try:
+            pending = post()  # after the group's earlier collectives: the transport orders it (not _run's drain,
+            # which would run the sends the xla transport posted before this one)
+        except DistributedError:
+            raise
+        except RuntimeError as e:
+            raise self._failure(name, e) from e
+        work = self._done(tensors) if pending is None else self._track(TpuWork(tensors, [pending], lambda e: self._translate(name, e)))
+        work.source_rank_value = peer  # -1 (recv from any rank): the work asks its transfer after the wait
         return work
 
     # -- the single-tensor names torch.distributed calls today -----------------------------------
