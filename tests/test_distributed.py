@@ -150,6 +150,20 @@ def test_pipeline_schedules_exchanging_both_ways_match_one_process(tmp_path: Pat
     assert_pipeline_matches_one_process(tmp_path)
 
 
+def assert_ring_pipeline_matches_one_process(out: Path) -> None:
+    for r in range(4):
+        res = _read(out, f"rank{r}.json")
+        assert all(res[name] <= 1e-6 for name in ("gpipe", "1f1b", "interleaved")), f"rank {r}: {res}"  # measured 1.5e-8
+
+
+@pytest.mark.slow  # 4 processes (make test keeps the 2-rank exchange above)
+def test_interleaved_pipeline_round_four_ranks_matches_one_process(tmp_path: Path) -> None:
+    """GPipe, 1F1B and interleaved 1F1B (two stages per rank, rank 3 sending back to rank 0)
+    on 4 ranks train each stage as one process on the CPU trains the whole model."""
+    _check_rc(spawn(SCRIPTS / "pipeline_ring.py", "tpu", nproc=4, out=tmp_path, timeout=300))
+    assert_ring_pipeline_matches_one_process(tmp_path)
+
+
 def test_ddp_matches_single_process(tmp_path: Path) -> None:
     _check_rc(spawn(EXAMPLES / "ddp.py", "--compare", out=tmp_path, timeout=240))
     _assert_same_losses(tmp_path, "ddp", 1e-4)

@@ -23,6 +23,7 @@ from test_distributed import (
     _read,
     assert_checks_ok,
     assert_pipeline_matches_one_process,
+    assert_ring_pipeline_matches_one_process,
     spawn,
 )
 
@@ -119,10 +120,18 @@ def test_xla_collectives_2_processes(tmp_path: Path) -> None:
 
 def test_xla_pipeline_schedules_exchanging_both_ways_match_one_process(tmp_path: Path) -> None:
     """GPipe and 1F1B on the xla transport, where a send and its recv are one two-rank
-    program: posted sends and recvs run at the first wait, ordered by (source, destination)
-    on every rank, so two ranks sending to each other run the same programs in the same order."""
+    program: each direction's transfers run in order on a thread of their own, so two ranks
+    sending to each other at once both complete."""
     _check_rc(spawn(SCRIPTS / "pipeline.py", "tpu", out=tmp_path, timeout=180, **XLA))
     assert_pipeline_matches_one_process(tmp_path)
+
+
+@pytest.mark.slow  # 4 processes
+def test_xla_interleaved_pipeline_round_four_ranks_matches_one_process(tmp_path: Path) -> None:
+    """Interleaved 1F1B round 4 ranks on the xla transport: a send that waited for its
+    recv on the caller's thread deadlocked here (each rank waiting on its neighbour)."""
+    _check_rc(spawn(SCRIPTS / "pipeline_ring.py", "tpu", nproc=4, out=tmp_path, timeout=300, **XLA))
+    assert_ring_pipeline_matches_one_process(tmp_path)
 
 
 @pytest.mark.slow  # make test runs the host transport's twin (tests/test_distributed.py)

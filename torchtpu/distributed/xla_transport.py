@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -47,7 +46,7 @@ from ..stablehlo.types import numpy_dtype
 from ..tensor.storage import Cell, cell_of, new_tensor
 from . import xla_programs as P
 from ._host import is_tpu
-from ._work import Launched, Pending, _completer
+from ._work import Job, Launched, Pending, Worker
 from .gloo_host import GlooHostTransport, attempt_prefix
 
 ReduceOp = dist.ReduceOp
@@ -119,53 +118,15 @@ def _flush() -> None:
 
 
 class _Transfer(NamedTuple):
-    """One posted send or recv of a device tensor (group ranks ``src`` -> ``dst``): a
-    send's buffer is taken when posted (its value then), a recv's tensor is written when
-    the pair's program runs."""
+    """One send or recv of a device tensor (group ranks ``src`` -> ``dst``), with the
+    program operand taken when it was posted: a send's buffer (its value then), a recv's
+    current buffer (the program needs an operand of the shape on both ends)."""
 
     src: int
     dst: int
     tensor: torch.Tensor
-    sent: tuple[Any, Shape] | None  # (buffer, shape) of a send; None for a recv
-
-
-class _PostedTransfers:
-    """What the work of a send or recv waits on: the transport runs every posted transfer
-    (``XlaTransport.run_posted``) at the first wait, or before its next collective."""
-
-    __slots__ = ("_transport", "ran", "error")
-
-    def __init__(self, transport: XlaTransport) -> None:
-        self._transport = transport
-        self.ran = False
-        self.error: BaseException | None = None  # why its transfers did not all run
-
-    def wait(self) -> None:
-        if not self.ran:
-            self._transport.run_posted()
-        if self.error is not None:
-            raise self.error
-
-    def done(self) -> bool:
-        """Runs the posted transfers when asked: a work polled with ``is_completed()`` and
-        never waited on completes too (nothing else would run them)."""
-        if not self.ran:
-            try:
-                self.wait()
-            except BaseException:  # noqa: BLE001 - over, with an error that wait() raises
-                return True
-        return self.ran
-
-    def add_done_callback(self, cb: Callable[[BaseException | None], None]) -> None:
-        def wait_then_call() -> None:
-            try:
-                self.wait()
-            except BaseException as e:  # noqa: BLE001 - handed to the callback
-                cb(e)
-                return
-            cb(None)
-
-        _completer.submit(wait_then_call)
+    operand: tuple[Any, Shape]
+    sending: bool
 
 
 class XlaTransport:
@@ -178,9 +139,8 @@ class XlaTransport:
         self.ranks = tuple(global_ranks)
         # Created first: its rendezvous proves every rank is there (or fails with the group's timeout).
         self.host = GlooHostTransport(store, rank, size, timeout)
-        # sends and recvs posted and not yet run, with the pending objects their works wait on
-        self._posted: list[tuple[_Transfer, _PostedTransfers]] = []
-        self._posted_lock = threading.RLock()
+        # one thread per direction (source, destination) that runs its sends and recvs in order
+        self._lanes: dict[tuple[int, int], Worker] = {}
         world = dist.get_world_size() if dist.is_initialized() else size
         if world > 1 and rdist.cluster() is None:
             if size != world:
@@ -197,11 +157,10 @@ class XlaTransport:
         return self.host.gloo
 
     def drain(self) -> None:
-        """Run the posted sends and recvs (a collective comes after them, on every rank);
-        asynchronous collectives are programs already enqueued on the device, in order, and
-        the host exchanges all run on the caller's thread."""
-        if self._posted:
-            self.run_posted()
+        """Nothing to wait for: asynchronous collectives are programs already enqueued on the
+        device, in order; the host exchanges all run on the caller's thread (sends and recvs
+        run on their own lanes, as NCCL's do on their own streams)."""
+        return None
 
     # -- the common path -------------------------------------------------------------------
     def _run(self, key: tuple, build: Callable[[], str], args: Sequence[Any], what: str, wait: bool = True) -> list[Any]:
@@ -256,7 +215,6 @@ class XlaTransport:
         is a view into a larger storage, two tensors of one storage."""
         if not deferred.deferring() or not all(covers_storage(t) for t in (*reads, *writes)):
             return False
-        self.drain()
         read_cells, write_cells = [cell_of(t) for t in reads], [cell_of(t) for t in writes]
         distinct = {id(c) for c in read_cells}
         if len(distinct) < len(reads) or (writes is not reads and (distinct & {id(c) for c in write_cells})):
@@ -289,7 +247,6 @@ class XlaTransport:
         collective. None for CPU tensors (the caller runs them synchronously)."""
         if self._on_host(tensors):
             return None
-        self.drain()
         if check is not None:  # a host exchange, on this thread like every other one
             check()
         op = _op(opts)
@@ -507,47 +464,33 @@ class XlaTransport:
         self._reduce([token], "sum", write=False, record=False)
 
     # -- point to point ------------------------------------------------------------------------
-    # A send and its recv are one two-rank program, which runs only when both ranks run it.
-    # So sends and recvs are posted, as gloo and NCCL post them, and run when a work waits
-    # on one (or before the group's next collective): all posted ones at once, in the order
-    # of their (source, destination) pairs -- the same order on both ranks of every pair --
-    # so that both ranks of a pipeline exchange (each sending to the other and receiving
-    # from it, ``batch_isend_irecv``) run the same programs in the same order.
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Pending | None:
+    # A send and its recv are one two-rank program, which completes only when both ranks run
+    # it. Run on the caller's thread, a send would wait for its peer's recv, and two ranks
+    # each sending to the other first (a pipeline schedule's batch_isend_irecv), or a ring
+    # of stages each waiting on its successor, would wait forever. So sends and recvs are
+    # posted, as NCCL posts them on a stream per peer: each direction (source, destination)
+    # has a lane, a thread that runs its transfers in posting order -- the order in which
+    # both ends post a direction's messages -- and the work waits for the transfer's job.
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Pending:
         if self._on_host(tensors):
             return self.host.send(tensors, dst, tag)
-        return self._post([_Transfer(self.rank, dst, t, _arg(t)) for t in tensors])
+        return self._post([_Transfer(self.rank, dst, t, _arg(t), True) for t in tensors])
 
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Pending | None:
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Pending:
         if self._on_host(tensors):
             return self.host.recv(tensors, src, tag)
-        return self._post([_Transfer(src, self.rank, t, None) for t in tensors])
+        return self._post([_Transfer(src, self.rank, t, _arg(t), False) for t in tensors])
 
-    def _post(self, transfers: list[_Transfer]) -> _PostedTransfers:
-        pending = _PostedTransfers(self)
-        with self._posted_lock:
-            self._posted.extend((tr, pending) for tr in transfers)
-        return pending
-
-    def run_posted(self) -> None:
-        """Run every posted send and recv, ordered by (source, destination) and, within a
-        pair, as posted (both ends post a pair's messages in the same order)."""
-        with self._posted_lock:
-            posted, self._posted = self._posted, []
-            try:
-                _flush()
-                for tr, _ in sorted(posted, key=lambda p: (p[0].src, p[0].dst)):  # stable: posting order within a pair
-                    self._pair(tr)
-            except BaseException as e:
-                for _, pending in posted:
-                    pending.error = e
-                raise
-            finally:
-                for _, pending in posted:
-                    pending.ran = True
+    def _post(self, transfers: list[_Transfer]) -> Job:
+        """One job on the lane of the transfers' direction (a call's tensors share it)."""
+        first = transfers[0]
+        lane = self._lanes.get((first.src, first.dst))
+        if lane is None:
+            lane = self._lanes[(first.src, first.dst)] = Worker(f"torchtpu-p2p-{first.src}-{first.dst}")
+        return lane.submit(lambda: [self._pair(tr) for tr in transfers])
 
     def _pair(self, tr: _Transfer) -> None:
-        buf, shape = tr.sent if tr.sent is not None else _arg(tr.tensor)
+        buf, shape = tr.operand
         dtype = tr.tensor.dtype
         pair = (self.ranks[tr.src], self.ranks[tr.dst])
         key = ("send_recv", shape, dtype, pair)
@@ -555,7 +498,7 @@ class XlaTransport:
         if exe is None:
             exe = _programs[key] = rdist.compile_for_group(P.send_recv(shape, dtype), pair, "send/recv")
         (out,) = rdist.run_for_group(exe, [buf])
-        if tr.sent is None:
+        if not tr.sending:
             _store(tr.tensor, out, shape)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
@@ -572,10 +515,17 @@ class XlaTransport:
         return self.host.allgather_small(value)
 
     def shutdown(self) -> None:
+        self._stop_lanes()
         self.host.shutdown()
 
     def abort(self) -> None:
+        self._stop_lanes()
         self.host.abort()
+
+    def _stop_lanes(self) -> None:
+        """A transfer whose peer never came stays behind (its lane is a daemon thread)."""
+        for lane in self._lanes.values():
+            lane.stop()
 
 
 def _store_host(store: Any) -> str:
