@@ -317,17 +317,14 @@ class GlooHostTransport:
 
     # -- point to point: posted now, completed by the work's wait (Posted) -------------------
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Posted:
-        self.drain()  # the group's asynchronous collectives issued before it come first
         hosts = [read_view(t).contiguous() for t in tensors]  # a view holds its device buffer: no donation meanwhile
         return Posted(self.gloo.send(hosts, dst, tag), keep=hosts)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Posted:
-        self.drain()
         hosts = [empty_like_host(t) for t in tensors]
         return Posted(self.gloo.recv(hosts, src, tag), finish=lambda: _write_back_all(tensors, hosts))
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Posted:
-        self.drain()
         hosts = [empty_like_host(t) for t in tensors]
         return Posted(self.gloo.recv_anysource(hosts, tag), finish=lambda: _write_back_all(tensors, hosts))
 

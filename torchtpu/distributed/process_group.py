@@ -34,7 +34,7 @@ from .. import config, metrics
 from ..errors import TpuError, check_device_index
 from ..runtime import pjrt, platforms
 from . import _fsdp
-from ._work import CHECK_SLOT_BYTES, CrossRankCheck, TpuWork, completed
+from ._work import CHECK_SLOT_BYTES, CrossRankCheck, Pending, TpuWork, completed
 from .gloo_host import GlooHostTransport
 
 ReduceOp = dist.ReduceOp
@@ -374,19 +374,11 @@ class TpuProcessGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
         return self._p2p("recv", tensors, lambda: self._t.recv_anysource(tensors, tag), -1)
 
-    def _p2p(self, name: str, tensors: list[torch.Tensor], post: Callable[[], Any], peer: int) -> TpuWork:
-        """A send or recv: the transport either completes it (returns None) or posts it and
-        returns what its work waits on, as gloo's ``isend``/``irecv`` do -- so that both
-        ranks of a pipeline exchange can post their sends before either waits."""
-        metrics.add("collectives")
-        try:
-            pending = post()  # after the group's earlier collectives: the transport orders it (not _run's drain,
-            # which would run the sends the xla transport posted before this one)
-        except DistributedError:
-            raise
-        except RuntimeError as e:
-            raise self._failure(name, e) from e
-        work = self._done(tensors) if pending is None else self._track(TpuWork(tensors, [pending], lambda e: self._translate(name, e)))
+    def _p2p(self, name: str, tensors: list[torch.Tensor], post: Callable[[], Pending], peer: int) -> TpuWork:
+        """A send or recv: the transport posts it and returns what its work waits on, as
+        gloo's ``isend``/``irecv`` do, so that two ranks can each send to the other before
+        either waits (a pipeline schedule's ``batch_isend_irecv``)."""
+        work = self._track(TpuWork(tensors, [self._run(name, None, post)], lambda e: self._translate(name, e)))
         work.source_rank_value = peer  # -1 (recv from any rank): the work asks its transfer after the wait
         return work
 
