@@ -164,6 +164,13 @@ def test_interleaved_pipeline_round_four_ranks_matches_one_process(tmp_path: Pat
     assert_ring_pipeline_matches_one_process(tmp_path)
 
 
+@pytest.mark.slow  # make test keeps the 2-rank schedules of distributed_scripts/pipeline.py
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_example_matches_single_process(tmp_path: Path, schedule: str) -> None:
+    _check_rc(spawn(EXAMPLES / "pipeline.py", "--schedule", schedule, "--compare", out=tmp_path, timeout=240))
+    _assert_same_losses(tmp_path, f"pipeline-{schedule}", 1e-4)  # measured 2.4e-7
+
+
 def test_ddp_matches_single_process(tmp_path: Path) -> None:
     _check_rc(spawn(EXAMPLES / "ddp.py", "--compare", out=tmp_path, timeout=240))
     _assert_same_losses(tmp_path, "ddp", 1e-4)

@@ -190,12 +190,13 @@ def _check_defer_collectives(out: Path, nproc: int, check: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("defer", ["0", "1"])
-@pytest.mark.parametrize("example", ["ddp", "fsdp2", "tensor_parallel"])
+@pytest.mark.parametrize("example", ["ddp", "fsdp2", "tensor_parallel", "pipeline"])
 def test_xla_training_matches_single_process(tmp_path: Path, example: str, defer: str) -> None:
     env = dict(XLA, TORCHTPU_DEFER_AND_FUSE=defer)  # defer: the collectives are recorded into graphs
     _check_rc(spawn(EXAMPLES / f"{example}.py", "--compare", out=tmp_path, timeout=300, **env))
+    name = "pipeline-1f1b" if example == "pipeline" else example  # the pipeline example names its schedule
     for r in range(2):
-        res = _read(tmp_path, f"{example}_rank{r}.json")
+        res = _read(tmp_path, f"{name}_rank{r}.json")
         assert len(res["losses"]) == 10 and res["max_diff"] <= 1e-4, res
 
 

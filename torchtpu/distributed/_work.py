@@ -148,6 +148,21 @@ class Worker:
 _completer = Worker("torchtpu-collective-completion")
 
 
+def call_when_done(wait: Callable[[], None], cb: Callable[[BaseException | None], None]) -> None:
+    """Run ``wait`` on the completion thread, then ``cb`` with what it raised (or None):
+    a pending object's ``add_done_callback`` without blocking its caller."""
+
+    def wait_then_call() -> None:
+        try:
+            wait()
+        except BaseException as e:  # noqa: BLE001 - handed to the callback
+            cb(e)
+            return
+        cb(None)
+
+    _completer.submit(wait_then_call)
+
+
 class Posted:
     """A point-to-point transfer gloo has posted (the host transport): ``finish`` runs once,
     on the first thread that sees it complete (a recv's write-back into its tpu tensors);
@@ -196,15 +211,7 @@ class Posted:
         return self._work._source_rank()
 
     def add_done_callback(self, cb: Callable[[BaseException | None], None]) -> None:
-        def wait_then_call() -> None:
-            try:
-                self.wait()
-            except BaseException as e:  # noqa: BLE001 - handed to the callback
-                cb(e)
-                return
-            cb(None)
-
-        _completer.submit(wait_then_call)
+        call_when_done(self.wait, cb)
 
 
 class Launched:
@@ -226,18 +233,12 @@ class Launched:
     def add_done_callback(self, cb: Callable[[BaseException | None], None]) -> None:
         """Run ``cb`` once the buffers are ready, on a background thread (completions are
         in launch order: the device runs collectives in that order)."""
+        call_when_done(self._traced_wait, cb)
 
-        def wait_then_call() -> None:
-            try:
-                # the span shows how long the collective stayed in flight after its launch
-                with _spans.maybe_span(f"torchtpu::collective ({self._name})", transport="xla"):
-                    self.wait()
-            except BaseException as e:  # noqa: BLE001 - handed to the callback
-                cb(e)
-                return
-            cb(None)
-
-        _completer.submit(wait_then_call)
+    def _traced_wait(self) -> None:
+        # the span shows how long the collective stayed in flight after its launch
+        with _spans.maybe_span(f"torchtpu::collective ({self._name})", transport="xla"):
+            self.wait()
 
 
 class _Failed:
