@@ -28,6 +28,17 @@ def test_item_tolist_and_strided_readback():
     assert x.tolist() == torch.arange(12.0).reshape(3, 4).tolist()
 
 
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 4), (2, 0, 3)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_empty_tensors_come_back_with_the_cpus_strides(shape, dtype):
+    """numpy gives an empty array zero strides ((3, 0) float32: (0, 4)); the CPU copy of an
+    empty tpu tensor kept them, so ``.view(torch.uint8)`` on it raised."""
+    t = torch.zeros(shape, dtype=dtype, device="tpu") + 1  # a buffer a program wrote
+    host = t.cpu()
+    assert (host.shape, host.stride()) == (torch.Size(shape), torch.zeros(shape).stride())
+    assert host.view(torch.uint8).numel() == 0
+
+
 def test_numpy_raises_like_cuda():
     x = torch.ones(2, device="tpu")
     with pytest.raises(TypeError, match="cpu()"):

@@ -72,6 +72,8 @@ def torch_from_host(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """The CPU tensor of ``dtype`` over ``arr`` (in ``numpy_dtype(dtype)``): host_numpy's
     inverse, through a same-width integer view where torch.from_numpy does not know
     ml_dtypes' types."""
+    if arr.size == 0:  # numpy's strides for an empty array ((3, 0): (0, 4)) are not PyTorch's ((1, 1))
+        return torch.empty(arr.shape, dtype=dtype)
     if dtype is torch.bfloat16:
         return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
     if dtype in FLOAT8:
