@@ -22,6 +22,7 @@ from test_distributed import (
     _check_rc,
     _read,
     assert_checks_ok,
+    assert_ddp_options_train_as_gloo,
     assert_pipeline_matches_one_process,
     assert_ring_pipeline_matches_one_process,
     spawn,
@@ -124,6 +125,14 @@ def test_xla_pipeline_schedules_exchanging_both_ways_match_one_process(tmp_path:
     sending to each other at once both complete."""
     _check_rc(spawn(SCRIPTS / "pipeline.py", "tpu", out=tmp_path, timeout=180, **XLA))
     assert_pipeline_matches_one_process(tmp_path)
+
+
+def test_xla_ddp_options_and_comm_hooks_train_as_gloo_does(tmp_path: Path) -> None:
+    """DDP's options and hooks on the xla transport. PowerSGD hung: its future callback
+    waits for the next all_reduce's future, whose completion was queued behind that
+    callback on the one completion thread; such a future now completes on the spot."""
+    _check_rc(spawn(SCRIPTS / "ddp_options.py", out=tmp_path, timeout=180, **XLA))
+    assert_ddp_options_train_as_gloo(tmp_path)
 
 
 @pytest.mark.slow  # 4 processes

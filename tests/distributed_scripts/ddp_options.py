@@ -5,7 +5,8 @@ branch that alternates between steps, ``static_graph``, ``gradient_as_bucket_vie
 of one gradient each, the fp16 compression hook, PowerSGD (whose rank-1 bucket is an empty
 tensor: its all_reduce failed on tpu), ZeroRedundancyOptimizer, and ``Join`` with one rank
 running out of batches first. Also empty tensors through all_reduce, broadcast and
-all_gather_into_tensor. Reports each case's losses and final weights per device."""
+all_gather_into_tensor, and a future's callback that issues the next collective and waits
+for it (PowerSGD's pattern: it waited for itself on the thread that completes futures). Reports each case's losses and final weights per device."""
 
 from __future__ import annotations
 
@@ -103,6 +104,25 @@ def empty_collectives(device: torch.device, world: int) -> dict:
     return {"shapes": [list(t.shape) for t in (summed, sent, gathered)], "strides": [list(t.cpu().stride()) for t in (summed, sent)]}
 
 
+def nested_waits(device: torch.device, rank: int) -> list:
+    """Callbacks that all_reduce again and wait, on the future and on the work; 128K
+    elements, past the size the host transport runs on the caller's thread."""
+    n = 1 << 17
+    first, second = torch.full((n,), rank + 1.0, device=device), torch.full((n,), 2.0 * rank, device=device)
+
+    def reduce_again(fut: torch.futures.Future) -> torch.Tensor:
+        inner = dist.all_reduce(second, async_op=True).get_future().wait()[0]
+        return fut.value()[0] + inner
+
+    def reduce_again_and_wait(fut: torch.futures.Future) -> torch.Tensor:
+        dist.all_reduce(second, async_op=True).wait()
+        return second.sum()
+
+    summed = dist.all_reduce(first, async_op=True).get_future().then(reduce_again).wait()
+    total = dist.all_reduce(first, async_op=True).get_future().then(reduce_again_and_wait).wait()
+    return [summed[:3].cpu().tolist(), total.item()]
+
+
 def cases(device: torch.device, rank: int, world: int) -> dict:
     bucket_cap_mb = 4 * 16 * 4 / 2**20  # about one trunk bias or head matrix per bucket
     return {
@@ -118,6 +138,7 @@ def cases(device: torch.device, rank: int, world: int) -> dict:
         # of the tensor's elements (PyTorch's; gloo goes on, our cross-rank check raises)
         "join": train(device, rank, steps=5 - 2 * rank, join=True),
         "empty": empty_collectives(device, world),
+        "nested": nested_waits(device, rank),
     }
 
 

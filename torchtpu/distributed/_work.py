@@ -52,13 +52,22 @@ class Pending(Protocol):
     def add_done_callback(self, cb: Callable[[BaseException | None], None]) -> None: ...
 
 
+# The worker whose thread is running the current code, if any: a job's callbacks run there
+_on_thread = threading.local()
+
+
+def current_worker() -> Worker | None:
+    return getattr(_on_thread, "worker", None)
+
+
 class Job:
-    """One function to run on a :class:`Worker`; ``wait()`` blocks until it ran and
-    re-raises what it raised."""
+    """One function to run on a :class:`Worker` (``worker``; None: run by whoever calls
+    ``run``); ``wait()`` blocks until it ran and re-raises what it raised."""
 
-    __slots__ = ("_fn", "_cv", "_done", "_error", "_callbacks")
+    __slots__ = ("_fn", "_cv", "_done", "_error", "_callbacks", "_worker")
 
-    def __init__(self, fn: Callable[[], None]) -> None:
+    def __init__(self, fn: Callable[[], None], worker: Worker | None = None) -> None:
+        self._worker = worker
         self._fn = fn
         self._cv = threading.Condition()
         self._done = False
@@ -79,6 +88,8 @@ class Job:
             cb(self._error)
 
     def wait(self) -> None:
+        if not self._done and self._worker is not None and self._worker is current_worker():
+            self._worker.run_until(self)  # waited for from a callback on the thread that runs it
         with self._cv:
             while not self._done:
                 self._cv.wait()
@@ -109,7 +120,7 @@ class Worker:
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable[[], None]) -> Job:
-        job = Job(fn)
+        job = Job(fn, self)
         with self._lock:  # submission order is run order, from any thread
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
@@ -141,8 +152,24 @@ class Worker:
                 self._thread = None
 
     def _loop(self) -> None:
+        _on_thread.worker = self
         while (job := self._queue.get()) is not None:
             job.run()
+
+    def run_until(self, job: Job) -> None:
+        """Run the queued jobs, in order, until ``job`` has run: called on this worker's own
+        thread by a callback of an earlier job that waits for ``job`` (a DDP communication
+        hook's callback issuing the next collective and waiting for it, as PowerSGD's does),
+        which would otherwise wait for itself."""
+        while not job.done():
+            try:
+                nxt = self._queue.get_nowait()
+            except queue.Empty:  # not queued here: nothing to run it but its own thread
+                return
+            if nxt is None:  # stop() came first: leave the loop its sentinel
+                self._queue.put(None)
+                return
+            nxt.run()
 
 
 _completer = Worker("torchtpu-collective-completion")
@@ -329,6 +356,8 @@ class TpuWork(dist.Work):
             return self._future
 
     def _make_future(self) -> Future:
+        if self._pending and current_worker() is not None:
+            return self._completed_future()
         raw: Future = Future()
         chained = raw.then(_unwrap)
         left = [len(self._pending)]
@@ -349,6 +378,20 @@ class TpuWork(dist.Work):
         for p in self._pending:
             p.add_done_callback(one_done)
         return chained
+
+    def _completed_future(self) -> Future:
+        """The future, completed before it is returned: asked for on one of our worker
+        threads (in another collective's callback), where the completion would be queued
+        behind the callback itself -- a ``wait()`` on it would never return. NCCL's
+        futures are complete at launch, so such callbacks work on CUDA."""
+        fut: Future = Future()
+        try:
+            self.wait()
+        except BaseException as e:  # noqa: BLE001 - the future fails with it
+            fut.set_exception(e)
+            return fut
+        fut.set_result(self._result)
+        return fut
 
 
 def completed(result: Any) -> TpuWork:
