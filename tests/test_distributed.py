@@ -366,6 +366,28 @@ def test_ddp_options_and_comm_hooks_train_as_gloo_does(tmp_path: Path) -> None:
     assert_ddp_options_train_as_gloo(tmp_path)
 
 
+def assert_fsdp_options_train_as_gloo(out: Path) -> None:
+    for rank in range(2):
+        res = _read(out, f"rank{rank}.json")
+        assert res["tpu"].keys() == res["cpu"].keys()
+        for case, cpu in res["cpu"].items():
+            tpu = res["tpu"][case]
+            assert tpu["losses"] == pytest.approx(cpu["losses"], rel=1e-5), case  # measured 2.4e-7 abs
+            assert tpu["sums"].keys() == cpu["sums"].keys()
+            for name, value in cpu["sums"].items():
+                assert tpu["sums"][name] == pytest.approx(value, rel=1e-5, abs=1e-5), (case, name)  # measured 8.9e-7
+
+
+@pytest.mark.slow  # one launch, 16 trainings (25 s)
+def test_fsdp2_options_and_loss_parallel_train_as_gloo_does(tmp_path: Path) -> None:
+    """FSDP2 without resharding after forward, with gradient accumulation through
+    ``set_requires_gradient_sync``, CPU offload, activation checkpointing and gradient
+    clipping, and tensor parallelism with ``loss_parallel``: tpu against gloo on CPU
+    tensors in one ``cpu:gloo,tpu:tpu`` job."""
+    _check_rc(spawn(SCRIPTS / "fsdp_options.py", out=tmp_path, timeout=240))
+    assert_fsdp_options_train_as_gloo(tmp_path)
+
+
 @pytest.mark.slow  # two torchrun launches (15 s)
 def test_object_collectives_and_no_sync_accumulation_match_gloo(tmp_path: Path) -> None:
     """all_gather_object, broadcast_object_list, gather_object and scatter_object_list (what

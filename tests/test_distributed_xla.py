@@ -23,6 +23,7 @@ from test_distributed import (
     _read,
     assert_checks_ok,
     assert_ddp_options_train_as_gloo,
+    assert_fsdp_options_train_as_gloo,
     assert_pipeline_matches_one_process,
     assert_ring_pipeline_matches_one_process,
     spawn,
@@ -133,6 +134,12 @@ def test_xla_ddp_options_and_comm_hooks_train_as_gloo_does(tmp_path: Path) -> No
     callback on the one completion thread; such a future now completes on the spot."""
     _check_rc(spawn(SCRIPTS / "ddp_options.py", out=tmp_path, timeout=180, **XLA))
     assert_ddp_options_train_as_gloo(tmp_path)
+
+
+@pytest.mark.slow  # one launch, 16 trainings
+def test_xla_fsdp2_options_and_loss_parallel_train_as_gloo_does(tmp_path: Path) -> None:
+    _check_rc(spawn(SCRIPTS / "fsdp_options.py", out=tmp_path, timeout=240, **XLA))
+    assert_fsdp_options_train_as_gloo(tmp_path)
 
 
 @pytest.mark.slow  # 4 processes
