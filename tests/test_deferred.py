@@ -273,6 +273,24 @@ def test_dead_intermediates_are_not_outputs():
     assert n_cells == 5
 
 
+def test_a_storage_rewritten_outside_the_graph_is_read_anew_by_later_ops():
+    """A pending graph that read ``x`` kept ``x``'s buffer in its slot; ``x.copy_(cpu)``
+    swaps the storage's buffer outside the graph, and the ops recorded after it read the
+    old slot: ``x + 0`` gave the value before the copy (a loop refilling an input buffer
+    from the host without a sync between steps would train on its first batch)."""
+    with torchtpu.eager_mode("defer_and_fuse"):
+        x = torch.zeros(4, device=TPU) + 0
+        torch.tpu.synchronize()
+        before = x * 2  # pending: reads x
+        x.copy_(torch.arange(4.0))  # the whole storage, from the host
+        after = x + 0
+        halves = x[:2] * 1  # a view of the new buffer too
+        assert deferred.pending_ops() > 0  # nothing ran in between
+        assert before.cpu().tolist() == [0.0, 0.0, 0.0, 0.0]
+        assert after.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+        assert halves.cpu().tolist() == [0.0, 1.0]
+
+
 # -- training loops: identical numbers, no compiles after warm-up --------------------------------------
 def _train(model_fn, data_fn, steps: int, mode: str, opt_fn, device: str = "tpu") -> tuple[list[float], list[int]]:
     torch.manual_seed(0)

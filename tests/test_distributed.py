@@ -366,6 +366,15 @@ def test_ddp_options_and_comm_hooks_train_as_gloo_does(tmp_path: Path) -> None:
     assert_ddp_options_train_as_gloo(tmp_path)
 
 
+@pytest.mark.slow  # one launch (15 s); the eager run above is in make test
+def test_ddp_options_and_comm_hooks_under_defer_and_fuse(tmp_path: Path) -> None:
+    """The same under DeferAndFuse. The callback's ``second.sum()`` read the value before
+    its all_reduce: the callback's pending graph had read ``second`` earlier, and the
+    collective's result, stored outside the graph, was not seen by the graph's later ops."""
+    _check_rc(spawn(SCRIPTS / "ddp_options.py", out=tmp_path, timeout=180, TORCHTPU_DEFER_AND_FUSE="1"))
+    assert_ddp_options_train_as_gloo(tmp_path)
+
+
 def assert_fsdp_options_train_as_gloo(out: Path) -> None:
     for rank in range(2):
         res = _read(out, f"rank{rank}.json")

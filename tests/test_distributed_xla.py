@@ -136,6 +136,18 @@ def test_xla_ddp_options_and_comm_hooks_train_as_gloo_does(tmp_path: Path) -> No
     assert_ddp_options_train_as_gloo(tmp_path)
 
 
+@pytest.mark.slow  # one launch (15 s)
+def test_xla_ddp_options_and_comm_hooks_under_defer_and_fuse(tmp_path: Path) -> None:
+    """Under DeferAndFuse the all_reduce is recorded into the caller's graph and its future
+    completes at once. A rank whose callback ran on the main thread flushed that graph (and
+    ran the collective) before the nested all_reduce's cross-rank check; its peer, whose
+    callback ran on the completion thread, flushed only that thread's (empty) graph and went
+    to the check: each waited for the other (2 of 3 runs hung). Every pending graph holding
+    a collective now runs before a host exchange, whichever thread recorded it."""
+    _check_rc(spawn(SCRIPTS / "ddp_options.py", out=tmp_path, timeout=180, TORCHTPU_DEFER_AND_FUSE="1", **XLA))
+    assert_ddp_options_train_as_gloo(tmp_path)
+
+
 @pytest.mark.slow  # one launch, 16 trainings
 def test_xla_fsdp2_options_and_loss_parallel_train_as_gloo_does(tmp_path: Path) -> None:
     _check_rc(spawn(SCRIPTS / "fsdp_options.py", out=tmp_path, timeout=240, **XLA))

@@ -113,8 +113,9 @@ def _store(t: torch.Tensor, buf: Any, shape: Shape) -> None:
 
 def _flush() -> None:
     """Pending DeferAndFuse work runs before a collective that is not recorded (its buffers
-    are read directly) and before a host exchange (the module doc)."""
-    deferred.flush("collective")
+    are read directly) and before a host exchange (the module doc): this thread's graph
+    and every graph holding a collective, so that each rank runs the same ones first."""
+    deferred.flush_collectives("collective")
 
 
 class _Transfer(NamedTuple):

@@ -319,6 +319,7 @@ def record_collective(c: Collective, reads: Sequence[Cell], writes: Sequence[Cel
         _flush_graph(g, "collective_group")
         g = _graph()
     g.group = c.group
+    _with_collectives.add(g)
     node, _ = _whole_node(g, c, reads, writes, ())
     node.keep = tuple(writes)
     _append_whole(g, node)
@@ -425,6 +426,21 @@ def flush(reason: str = "explicit") -> None:
     """Run this thread's pending graph (no-op when nothing is pending)."""
     g = _local.graph
     if g is not None and not g.flushed and g.nodes:
+        _flush_graph(g, reason)
+
+
+# Pending graphs that recorded a collective, whichever thread recorded them
+_with_collectives: weakref.WeakSet[Graph] = weakref.WeakSet()
+
+
+def flush_collectives(reason: str) -> None:
+    """Run this thread's pending graph and every pending graph, of any thread, that holds a
+    collective: before a host exchange between the ranks (a collective's cross-rank check).
+    A rank that issues it from a future's callback may be on another thread than its peer
+    (the callback runs where the future completed), so flushing only this thread's graph
+    left a recorded all_reduce pending on one rank while its peer ran it: both waited."""
+    flush(reason)
+    for g in list(_with_collectives):
         _flush_graph(g, reason)
 
 

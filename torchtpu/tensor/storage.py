@@ -85,6 +85,7 @@ class Cell:
         if self.lazy is not None:
             self.lazy.flush_for(self)
         self._buf = value
+        self.gslot = None  # see set()
         self._count(value is not None)
 
     @property
@@ -95,6 +96,10 @@ class Cell:
         if self.lazy is not None:
             self.lazy.flush_for(self)
         self._buf = buf  # _set, inlined: once per storage a program rewrites
+        # A pending DeferAndFuse graph that read the old buffer keeps it for the ops that
+        # read it (their value is the one they saw); the next op it records must read this
+        # one, not the old buffer's slot (a host-to-device copy_, a collective's result)
+        self.gslot = None
         if not self.counted:
             memory.allocated(self.nbytes)
             self.counted = True
