@@ -291,6 +291,25 @@ def test_a_storage_rewritten_outside_the_graph_is_read_anew_by_later_ops():
         assert halves.cpu().tolist() == [0.0, 1.0]
 
 
+def test_a_cpu_state_dict_loaded_after_a_pending_forward_is_what_the_next_forward_uses():
+    """The model-level form of the test above: resuming from a checkpoint on the host (or
+    swapping in other weights) while a forward pass is still pending. ``load_state_dict``
+    copies each CPU tensor into its parameter; the second forward ran with the old weights
+    (0.40 from the CPU's output)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    other = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    on_tpu = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to(TPU)
+    on_tpu.load_state_dict(model.state_dict())
+    with torch.no_grad(), torchtpu.eager_mode("defer_and_fuse"):
+        first = on_tpu(x.to(TPU))  # pending: reads the weights
+        on_tpu.load_state_dict(other.state_dict())
+        second = on_tpu(x.to(TPU))
+        torch.testing.assert_close(first.cpu(), model(x))
+        torch.testing.assert_close(second.cpu(), other(x))
+
+
 # -- training loops: identical numbers, no compiles after warm-up --------------------------------------
 def _train(model_fn, data_fn, steps: int, mode: str, opt_fn, device: str = "tpu") -> tuple[list[float], list[int]]:
     torch.manual_seed(0)
