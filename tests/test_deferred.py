@@ -291,6 +291,34 @@ def test_a_storage_rewritten_outside_the_graph_is_read_anew_by_later_ops():
         assert halves.cpu().tolist() == [0.0, 1.0]
 
 
+HOST_WRITES = {
+    "copy_": lambda x: x.copy_(torch.full((4,), 2.0)),
+    "copy_ of a strided source": lambda x: x.copy_(torch.arange(8.0)[::2]),
+    "setitem": lambda x: x.__setitem__(slice(None), torch.tensor([5.0, 6, 7, 8])),
+    "data.copy_": lambda x: x.data.copy_(torch.ones(4)),
+    "detach().copy_": lambda x: x.detach().copy_(torch.full((4,), 2.0)),
+    "view().copy_": lambda x: x.view(2, 2).copy_(torch.full((2, 2), 3.0)),
+    "resize_": lambda x: x.resize_(6).copy_(torch.arange(6.0)),
+    "index_put_": lambda x: x.index_put_((torch.tensor([1]),), torch.tensor(9.0)),  # CPU index, 0-d CPU value
+}
+
+
+@pytest.mark.parametrize("write", list(HOST_WRITES), ids=list(HOST_WRITES))
+def test_every_form_of_host_write_is_seen_by_the_ops_recorded_after_it(write):
+    """Each way a user writes host values into a whole tpu storage, while a pending graph
+    read it: the first six forms read the old value before the fix."""
+    with torchtpu.eager_mode("defer_and_fuse"):
+        x = torch.arange(4.0, device=TPU) + 0
+        torch.tpu.synchronize()
+        before = x * 2
+        HOST_WRITES[write](x)
+        after = x + 0
+    expected = torch.arange(4.0) + 0
+    HOST_WRITES[write](expected)
+    assert before.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert torch.equal(after.cpu(), expected)
+
+
 def test_a_cpu_state_dict_loaded_after_a_pending_forward_is_what_the_next_forward_uses():
     """The model-level form of the test above: resuming from a checkpoint on the host (or
     swapping in other weights) while a forward pass is still pending. ``load_state_dict``
