@@ -6,7 +6,8 @@ of one gradient each, the fp16 compression hook, PowerSGD (whose rank-1 bucket i
 tensor: its all_reduce failed on tpu), ZeroRedundancyOptimizer, and ``Join`` with one rank
 running out of batches first. Also empty tensors through all_reduce, broadcast and
 all_gather_into_tensor, and a future's callback that issues the next collective and waits
-for it (PowerSGD's pattern: it waited for itself on the thread that completes futures). Reports each case's losses and final weights per device."""
+for it (PowerSGD's pattern: it waited for itself on the thread that completes futures).
+Reports each case's losses and final weights per device."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def _zero(model: nn.Module) -> torch.optim.Optimizer:
     return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
 
 
-def empty_collectives(device: torch.device, world: int) -> dict:
+def empty_collectives(device: torch.device) -> dict:
     summed = torch.empty(0, device=device)
     dist.all_reduce(summed)
     sent = torch.empty(0, 3, device=device)
@@ -123,7 +124,7 @@ def nested_waits(device: torch.device, rank: int) -> list:
     return [summed[:3].cpu().tolist(), total.item()]
 
 
-def cases(device: torch.device, rank: int, world: int) -> dict:
+def cases(device: torch.device, rank: int) -> dict:
     bucket_cap_mb = 4 * 16 * 4 / 2**20  # about one trunk bias or head matrix per bucket
     return {
         "find_unused": train(device, rank, {"find_unused_parameters": True}, alternate=True),
@@ -137,15 +138,15 @@ def cases(device: torch.device, rank: int, world: int) -> dict:
         # all_reduce with process_group.allreduce(tensor), which pybind11 turns into a list
         # of the tensor's elements (PyTorch's; gloo goes on, our cross-rank check raises)
         "join": train(device, rank, steps=5 - 2 * rank, join=True),
-        "empty": empty_collectives(device, world),
+        "empty": empty_collectives(device),
         "nested": nested_waits(device, rank),
     }
 
 
 def main() -> None:
     dist.init_process_group("cpu:gloo,tpu:tpu")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    report({device: cases(torch.device(device), rank, world) for device in ("cpu", "tpu")})
+    rank = dist.get_rank()
+    report({device: cases(torch.device(device), rank) for device in ("cpu", "tpu")})
     dist.destroy_process_group()
 
 
