@@ -27,7 +27,7 @@ from ..eager.minimal import covers_storage, to_cpu
 from ..errors import TpuError
 from ..runner.program import claim
 from ..runtime import pjrt
-from ..stablehlo.types import host_numpy, numpy_dtype
+from ..stablehlo.types import host_numpy, numpy_dtype, torch_from_host
 from ..tensor.storage import cell_of
 
 
@@ -38,9 +38,7 @@ def is_tpu(t: torch.Tensor) -> bool:
 def _from_numpy(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     with warnings.catch_warnings():  # the array may be read-only: gloo only reads it
         warnings.simplefilter("ignore", UserWarning)
-        if dtype is torch.bfloat16:
-            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(arr)
+        return torch_from_host(arr, dtype)
 
 
 def read_view(t: torch.Tensor) -> torch.Tensor:

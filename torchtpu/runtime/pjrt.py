@@ -49,13 +49,6 @@ def _host_view(buf: Buffer) -> np.ndarray | None:
     return arr
 
 
-def _contiguous_if_empty(arr: np.ndarray) -> np.ndarray:
-    """``arr``, or for an empty one a fresh array of its shape: the views of an empty buffer
-    come with zero strides, which torch.from_numpy keeps and ``Tensor.view(dtype)`` then
-    refuses (the host transport views every buffer as bytes)."""
-    return np.empty(arr.shape, arr.dtype) if arr.size == 0 else arr
-
-
 def _failed(what: str, e: Exception) -> TpuRuntimeError:
     """The error for a runtime failure ``e`` while doing ``what``: out of memory as an
     ``OutOfMemoryError`` that says what to do, anything else as it came."""
@@ -263,11 +256,11 @@ class Runtime:
                 # every synchronize; .item())
                 arr = _host_view(buf)
                 if arr is not None:
-                    return _contiguous_if_empty(arr)
+                    return arr
             arr, _ = buf._single_device_array_to_np_array_did_copy()
         except self._jax.JaxRuntimeError as e:
             raise _failed("a device computation", e) from e
-        return _contiguous_if_empty(arr)
+        return arr
 
     def host_memory(self, buf: Buffer, nbytes: int) -> memoryview | None:
         """``buf``'s own memory as writable bytes, on the cpu platform (where a device
