@@ -692,3 +692,31 @@ def test_a_data_dependent_shape_in_the_graph_runs_op_by_op() -> None:
             got = torch.compile(f, backend="tpu")(x.to(TPU))
     torch._dynamo.reset()
     assert_close(got, f(x))
+
+
+def test_ops_eager_runs_through_their_explicit_composite_compile_too() -> None:
+    """``nn.Bilinear`` (``aten::_trilinear``), ``cholesky_solve`` and ``linalg.pinv`` have no
+    lowering of their own: eager runs them on tpu through PyTorch's CompositeExplicitAutograd
+    kernel, as CUDA does, but AOTAutograd keeps them whole in a compiled graph, whose lowering
+    raised "operator 'aten::_trilinear' is not implemented for the tpu device". The lowering
+    now traces the kernel eager runs. Found by running OpInfo's samples through torch.compile."""
+    torch.manual_seed(0)
+    bilinear = nn.Bilinear(3, 4, 5)
+    x1, x2 = torch.randn(6, 3), torch.randn(6, 4)
+    on_tpu = copy.deepcopy(bilinear).to(TPU)
+    bilinear(x1, x2).square().sum().backward()
+    torch.compile(on_tpu, backend="tpu")(x1.to(TPU), x2.to(TPU)).square().sum().backward()
+    for name, p in bilinear.named_parameters():
+        assert_close(dict(on_tpu.named_parameters())[name].grad, p.grad)
+
+    a = torch.randn(4, 4)
+    factor = torch.linalg.cholesky(a @ a.T + 4 * torch.eye(4))
+    b, m = torch.randn(4, 2), torch.randn(5, 3)
+
+    def solve_and_pinv(factor: torch.Tensor, b: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cholesky_solve(b, factor), torch.linalg.pinv(m)
+
+    got = torch.compile(solve_and_pinv, backend="tpu")(factor.to(TPU), b.to(TPU), m.to(TPU))
+    for g, e in zip(got, solve_and_pinv(factor, b, m)):
+        assert_close(g, e)
+

@@ -84,6 +84,8 @@ def classify_core(op: torch._ops.OpOverload) -> CoreEntry:
             else "torch._decomp table"
             if op in full
             else "CompositeImplicitAutograd kernel"
+            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+            else "CompositeExplicitAutograd kernel (eager's)"
         )
         return CoreEntry(name, "decomposed", src)
     if name in CORE_MISSING:

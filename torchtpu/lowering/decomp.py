@@ -53,7 +53,35 @@ def decomposition_for(op: Any) -> Any:
         # CompositeImplicitAutograd ops decompose through their own kernel when traced.
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
             return functools.partial(_composite_implicit, op)
+        if _composite_explicit_on_tpu(op):
+            return functools.partial(_composite_explicit, op)
     return None if fn is None else functools.partial(_plain_tuple, fn)
+
+
+def _composite_explicit_on_tpu(op: torch._ops.OpOverload) -> bool:
+    """Whether eager runs aten ``op`` on tpu through a composite kernel written in other aten
+    ops (CompositeExplicitAutograd or ...NonFunctional), as CUDA does: ``cholesky_solve``,
+    ``nn.Bilinear``'s ``_trilinear``, ``linalg_pinv``. A compiled graph keeps such an op
+    whole (AOTAutograd decomposes only implicit composites), so its lowering traces that
+    same kernel. Only aten's: another library's kernel (a ``custom_op``) is opaque Python,
+    run as written (compile/backend.py ``opaque_custom_operators``)."""
+    name = op.name()
+    if op.namespace != "aten" or torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
+        return False  # a tpu kernel of our own (a host op) is what eager runs, not the composite
+    return any(
+        torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+        for key in ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
+    )
+
+
+# The key whose kernel eager runs: for an op without a tpu kernel of its own, the composite.
+# (``_op_dk`` with the composite's alias key reaches the dispatcher's fallback, which
+# recorded the op itself again under make_fx: a lowering that recursed without end.)
+_TPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+
+
+def _composite_explicit(op: Any, *args: Any, **kwargs: Any) -> Any:
+    return op.redispatch(_TPU_KEYS, *args, **kwargs)
 
 
 def _plain_tuple(fn: Any, *args: Any, **kwargs: Any) -> Any:
