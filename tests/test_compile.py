@@ -720,3 +720,22 @@ def test_ops_eager_runs_through_their_explicit_composite_compile_too() -> None:
     for g, e in zip(got, solve_and_pinv(factor, b, m)):
         assert_close(g, e)
 
+
+def test_a_compiled_sgn_backward_returns_its_zero_gradient_on_tpu() -> None:
+    """Autograd's zero gradient for a real ``torch.sgn`` is ``_efficientzerotensor``; its
+    decomposition for the lowering's traces leaves the device out (the program's is tpu),
+    and AOTAutograd used it too: the compiled backward returned a CPU tensor and autograd
+    raised "CompiledFunctionBackward returned an invalid gradient at index 0 - expected
+    device tpu:0 but got cpu". Found by OpInfo's gradient samples run through torch.compile."""
+    w = torch.randn(5)
+
+    def loss(w: torch.Tensor) -> torch.Tensor:
+        return (torch.sgn(w) * 3 + w.square()).sum()
+
+    on_tpu = w.to(TPU).requires_grad_()
+    torch.compile(loss, backend="tpu")(on_tpu).backward()
+    on_cpu = w.clone().requires_grad_()
+    loss(on_cpu).backward()
+    assert on_tpu.grad.device.type == "tpu"
+    assert_close(on_tpu.grad, on_cpu.grad)
+

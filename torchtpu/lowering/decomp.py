@@ -131,7 +131,9 @@ def compile_table() -> dict:
 
 @functools.cache
 def _compile_table(_n_rules: int, _n_own: int) -> dict:
-    return {op: fn for op, fn in tracing_table().items() if op not in _LOWERED_NOT_TRACED}
+    table = {op: fn for op, fn in tracing_table().items() if op not in _LOWERED_NOT_TRACED}
+    table.update(_COMPILE_ONLY)
+    return table
 
 
 def _pnorm_last(d: torch.Tensor, p: float) -> torch.Tensor:
@@ -205,6 +207,20 @@ def _efficientzerotensor(size: Any, *, dtype: Any = None, layout: Any = None, de
     tpu (no ZeroTensor dispatch key: the values are what matters). The device is the
     program's, so the traced factory is left on the default device."""
     return torch.zeros(size, dtype=dtype)
+
+
+def _efficientzerotensor_on_its_device(
+    size: Any, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+) -> torch.Tensor:
+    """The same zeros in a compiled graph, which AOTAutograd traces on fake tensors of the
+    real device: there the factory must keep its device, or the graph returns a CPU tensor
+    (a compiled ``torch.sgn``'s backward: "CompiledFunctionBackward returned an invalid
+    gradient at index 0 - expected device tpu:0 but got cpu")."""
+    return torch.zeros(size, dtype=dtype, device=device)
+
+
+# Decompositions for AOTAutograd's trace of a compiled graph that differ from the lowering's.
+_COMPILE_ONLY = {aten._efficientzerotensor.default: _efficientzerotensor_on_its_device}
 
 
 # -- _pdist_backward --------------------------------------------------------------------------------
