@@ -739,3 +739,26 @@ def test_a_compiled_sgn_backward_returns_its_zero_gradient_on_tpu() -> None:
     assert on_tpu.grad.device.type == "tpu"
     assert_close(on_tpu.grad, on_cpu.grad)
 
+
+@pytest.mark.parametrize("mode", ["eager", "defer_and_fuse", "compile"])
+def test_masked_scatter_backward_gives_the_cpus_source_gradient(mode: str) -> None:
+    """What a vision-language model does to merge image features into its text embeddings
+    (``inputs_embeds.masked_scatter(image_mask, features)``), trained: the source's gradient
+    is PyTorch's ``masked_scatter_backward``, which selects the gradient under the mask
+    (``masked_select``: a size that depends on the mask's values). A compiled LLaVA's
+    backward failed to lower it; it is now a static scatter in every mode, bit for bit the
+    CPU's, the mask broadcast over a batch dimension included."""
+    torch.manual_seed(0)
+    embeds, features, weights = torch.randn(2, 3, 4), torch.randn(30), torch.randn(2, 3, 4)
+    mask = torch.rand(3, 4) > 0.4
+
+    def loss(embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return (embeds.masked_scatter(mask.to(embeds.device), features) * weights.to(embeds.device)).sum()
+
+    leaves = [t.clone().requires_grad_() for t in (embeds, features)]
+    loss(*leaves).backward()
+    on_tpu = [t.to(TPU).requires_grad_() for t in (embeds, features)]
+    with torchtpu.eager_mode("eager" if mode == "compile" else mode):
+        (torch.compile(loss, backend="tpu") if mode == "compile" else loss)(*on_tpu).backward()
+    for got, expected in zip(on_tpu, leaves):
+        assert torch.equal(got.grad.cpu(), expected.grad)

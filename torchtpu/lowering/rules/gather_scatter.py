@@ -18,7 +18,7 @@ import torch
 from ...stablehlo.builder import Value, prod
 from ...stablehlo.types import is_complex, is_float
 from ..context import NodeLowering
-from ..registry import register
+from ..registry import register, register_meta
 from .view import wrap_dim
 
 aten = torch.ops.aten
@@ -555,6 +555,37 @@ def masked_scatter(L: NodeLowering, x: Value, mask: Value, source: Value) -> Val
     pos = _exclusive_cumsum(L, b.reshape(m, (n,)))
     vals = b.reshape(_gather_rows(L, flat_src, 0, _clamp(L, pos, ns - 1)), out)
     return b.select(m, vals, x)
+
+
+@register_meta(aten.masked_scatter_backward.default)
+def masked_scatter_backward_meta(grad: torch.Tensor, mask: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    """The source's gradient has the source's shape. PyTorch's kernel finds it through
+    ``masked_select``, whose size depends on the mask's values, so it cannot run on meta
+    or fake tensors (a compiled backward's lowering failed there)."""
+    return grad.new_empty(sizes)
+
+
+@register(aten.masked_scatter_backward.default)
+def masked_scatter_backward(L: NodeLowering, grad: Value, mask: Value, sizes: Sequence[int]) -> Value:
+    """``masked_scatter``'s gradient for its source: the gradient's elements where the mask
+    is True, in row-major order, then zeros up to the source's size. The CPU selects them
+    (``masked_select``: a size that depends on the mask) and pads; here each one is
+    scattered to its rank among the True elements, a static shape, so a compiled backward
+    holds it (a vision-language model's ``inputs_embeds.masked_scatter(image_mask, features)``)."""
+    b = L.b
+    out = L.out[0]
+    n_out = prod(out.shape)
+    result = L.zeros((n_out,), out.dtype)
+    common = tuple(torch.broadcast_shapes(grad.shape, mask.shape))
+    n = prod(common)
+    if n == 0 or n_out == 0:
+        return b.reshape(result, out.shape)
+    g = b.reshape(L.broadcast_to(L.to(grad, out.dtype), common), (n,))
+    m = b.reshape(L.broadcast_to(L.to(mask, torch.bool), common), (n,))
+    # a False element goes out of bounds, which XLA's scatter drops
+    pos = b.select(m, _exclusive_cumsum(L, m), L.full(n_out, (n,), torch.int64))
+    scattered = b.scatter(result, b.reshape(pos, (n, 1)), g, [], [0], [0], 1, None)
+    return b.reshape(scattered, out.shape)
 
 
 # -- embedding ---------------------------------------------------------------------------------------------------------------
