@@ -48,7 +48,7 @@ def add(case: ModelCase) -> None:
 
 def _load_families() -> None:
     # each family module registers its cases with add() when imported
-    from . import zoo_audio_text, zoo_llm, zoo_recurrent, zoo_torchvision, zoo_vision  # noqa: F401
+    from . import zoo_audio_text, zoo_llm, zoo_multimodal, zoo_recurrent, zoo_torchvision, zoo_vision  # noqa: F401
 
 
 # a small decoder config shared by the Llama-like families
