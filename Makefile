@@ -36,8 +36,9 @@ test-all: $(STAMP)
 test-ops: $(STAMP)
 	$(PY) -m pytest tests/test_core_ops.py -q -p no:cacheprovider; rc1=$$?; \
 	$(PY) -m torchtpu.testing.shards 8; rc2=$$?; \
+	$(PY) -m pytest tests/test_opinfo_compile.py -q -p no:cacheprovider -m slow; rc3=$$?; \
 	$(PY) -m torchtpu.coverage --from build/opinfo-full.json --markdown build/coverage.md > /dev/null || true; \
-	if [ $$rc1 -ne 0 ]; then exit $$rc1; fi; exit $$rc2
+	if [ $$rc1 -ne 0 ]; then exit $$rc1; fi; if [ $$rc2 -ne 0 ]; then exit $$rc2; fi; exit $$rc3
 
 # Every model of the zoo (tests/models) against the CPU, every attention implementation:
 # prints the pass table and writes it to docs/models.md; fails on an unexpected result.

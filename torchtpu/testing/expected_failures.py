@@ -99,6 +99,14 @@ _LOGCUMSUMEXP_GRAD = (
     "logcumsumexp's float32 gradient on a large-magnitude sample: tpu differentiates the log-step scan, the CPU uses its "
     "rescaled closed-form backward; one element differs by 1.8e-3 (2.3e-3 relative), summed error against float64 1.1x the CPU's"
 )
+_MATRIX_EXP_GRAD = (
+    "matrix_exp's float32 gradient on sample #1 (5x5 matrices with 1-norms 26-29): PyTorch's backward exponentiates the "
+    "10x10 block matrix [[A^T, G], [0, A^T]] with the same algorithm as the forward (degree-18 Taylor after scaling by a "
+    "power of two, then squarings), and each squaring multiplies the matmuls' float32 rounding, whose summation order "
+    "differs (XLA's dot, the CPU's BLAS): 7 of 125 elements differ by up to 2.3e-5 relative. Summed error against "
+    "float64: the gradient tpu 0.228, CPU 0.139; on the same inputs the forward goes the other way (tpu 0.223, CPU 0.390) "
+    "and the block matrix's whole exponential is as close (tpu 0.713, CPU 0.658)"
+)
 _I0E_16BIT = (
     "i0e grad in 16-bit: on a 5-element sample the CPU's scalar kernel evaluates calc_i0e in Half/BFloat16 arithmetic "
     "(vectors of 16+ go through float32, as tpu does), so i0e differs in its last 16-bit digits and the backward's "
@@ -358,6 +366,9 @@ XFAIL: dict[Key, str] = {
     ("addbmm", None, "inplace"): _ADDBMM_INPLACE,
     ("grid_sampler_2d", "float32", "grad"): _GRID_SAMPLE_GRAD,
     ("logcumsumexp", "float32", "grad"): _LOGCUMSUMEXP_GRAD,
+    ("logcumsumexp", "float32", "compile-grad"): _LOGCUMSUMEXP_GRAD,
+    ("matrix_exp", "float32", "grad"): _MATRIX_EXP_GRAD,
+    ("matrix_exp", "float32", "compile-grad"): _MATRIX_EXP_GRAD,
     ("special.i0e", None, "grad"): _I0E_16BIT,
     ("nn.functional.normalize", "bfloat16", "grad"): _NORMALIZE_BF16,
     ("nn.functional.kl_div", "float16", "grad"): _KL_DIV_F16,

@@ -29,6 +29,10 @@ from . import extremal
 from .observed import SampleFailure, judge
 
 MODES = ("fwd", "grad", "inplace", "out", "errors", "extremal")
+# The same forward and gradient comparisons with the op run through torch.compile(backend="tpu"):
+# AOTAutograd decomposes and functionalizes before our lowering sees the graph, so a compiled
+# op takes paths the eager run never does (tests/test_opinfo_compile.py; not in the full run).
+COMPILE_MODES = ("compile", "compile-grad")
 
 # What the platforms support (complex and the storage-only unsigned types are switched off
 # in expected_failures.SKIPPED_DTYPES).
@@ -156,9 +160,9 @@ def platform_dtypes(op: Any) -> list[torch.dtype]:
 
 
 def mode_applies(op: Any, dtype: torch.dtype, mode: str) -> bool:
-    if mode == "fwd":
+    if mode in ("fwd", "compile"):
         return True
-    if mode == "grad":
+    if mode in ("grad", "compile-grad"):
         return (
             op.supports_autograd
             and dtype in op.supported_backward_dtypes("cpu")
@@ -172,7 +176,7 @@ def mode_applies(op: Any, dtype: torch.dtype, mode: str) -> bool:
         return op.error_inputs_func is not None and platform_dtypes(op)[:1] == [dtype]
     if mode == "extremal":
         return extremal.kind(op) is not None and dtype != torch.bool
-    raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    raise ValueError(f"unknown mode {mode!r}; expected one of {MODES + COMPILE_MODES}")
 
 
 def cases(dtypes: Iterable[torch.dtype] | None = None, modes: Iterable[str] = MODES) -> list[Case]:
@@ -326,14 +330,25 @@ def _forward(op: Any, sample: Any) -> Any:
     return sample.output_process_fn_grad(op(sample.input, *sample.args, **sample.kwargs))
 
 
-def _run_fwd(op: Any, sample: Any) -> Outputs:
+def _compiled_forward(op: Any, sample: Any) -> Any:
+    """``_forward`` through torch.compile(backend="tpu"), compiled afresh for each sample: a
+    function recompiled past Dynamo's cache limit would run eagerly and compare nothing new."""
+    torch._dynamo.reset()
+
+    def call(inp: Any, *args: Any, **kwargs: Any) -> Any:
+        return op(inp, *args, **kwargs)
+
+    return sample.output_process_fn_grad(torch.compile(call, backend="tpu")(sample.input, *sample.args, **sample.kwargs))
+
+
+def _run_fwd(op: Any, sample: Any, forward: Callable[[Any, Any], Any] = _forward) -> Outputs:
     tpu = _on_tpu(sample, op)
     # the float64 inputs are taken before the CPU runs: an op may write its inputs
     # (embedding's max_norm renormalises the weight in place), and the reference must
     # start from what tpu and the CPU were given
     wide = sample.transform(_to_float64)
     expected = _cpu(lambda: _forward(op, sample))
-    actual = _forward(op, tpu)
+    actual = forward(op, tpu)
     _check_devices(actual)
     return Outputs(actual, expected, lambda: _forward(op, wide))
 
@@ -423,8 +438,10 @@ def _leaves(s: Any) -> list[torch.Tensor]:
     return [t for t in tree_flatten((s.input, s.args, s.kwargs))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def _gradients(op: Any, s: Any, cotangents: list[torch.Tensor]) -> list[torch.Tensor | None]:
-    outs, leaves = _differentiable(_forward(op, s)), _leaves(s)
+def _gradients(
+    op: Any, s: Any, cotangents: list[torch.Tensor], forward: Callable[[Any, Any], Any] = _forward
+) -> list[torch.Tensor | None]:
+    outs, leaves = _differentiable(forward(op, s)), _leaves(s)
     if len(outs) != len(cotangents):
         raise AssertionError(f"{len(outs)} differentiable outputs, the CPU has {len(cotangents)}")
     device = leaves[0].device if leaves else None
@@ -432,14 +449,14 @@ def _gradients(op: Any, s: Any, cotangents: list[torch.Tensor]) -> list[torch.Te
     return list(torch.autograd.grad(outs, leaves, cot, allow_unused=True))
 
 
-def _run_grad(op: Any, sample: Any) -> Outputs:
+def _run_grad(op: Any, sample: Any, forward: Callable[[Any, Any], Any] = _forward) -> Outputs:
     cpu_outs = _differentiable(_cpu(lambda: _forward(op, sample)))
     if not cpu_outs or not _leaves(sample):
         raise _CpuRefused("nothing differentiable")
     gen = torch.Generator().manual_seed(1234)
     cot = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in cpu_outs]
     expected = _cpu(lambda: _gradients(op, sample, cot))
-    actual = _gradients(op, _on_tpu(sample, op), cot)
+    actual = _gradients(op, _on_tpu(sample, op), cot, forward)
     # an unused input: PyTorch gives None on one side and possibly zeros on the other
     pairs = [(a, e) for a, e in zip(actual, expected) if not (a is None and e is None)]
     actual = [torch.zeros_like(e, device=TPU) if a is None else a for a, e in pairs]
@@ -460,6 +477,8 @@ _RUNNERS: dict[str, Callable[[Any, Any], Outputs] | None] = {
     "out": _run_out,
     "errors": None,  # _check_error_input
     "extremal": _run_extremal,
+    "compile": functools.partial(_run_fwd, forward=_compiled_forward),
+    "compile-grad": functools.partial(_run_grad, forward=_compiled_forward),
 }
 
 
@@ -649,7 +668,7 @@ def _samples(op: Any, dtype: torch.dtype, mode: str, max_samples: int | None) ->
     elif mode == "extremal":
         gen = extremal.samples(op, dtype)
     else:
-        gen = op.sample_inputs("cpu", dtype, requires_grad=(mode == "grad"))
+        gen = op.sample_inputs("cpu", dtype, requires_grad=mode in ("grad", "compile-grad"))
     return itertools.islice(gen, max_samples) if max_samples else iter(gen)
 
 
