@@ -47,7 +47,7 @@ def test_expected_failure_keys_name_real_cases() -> None:
         for (op, dtype, mode), reason in table.items():
             assert op in ids, f"{op!r} is not an OpInfo entry"
             assert dtype is None or dtype in dtypes, f"{dtype!r} is not a platform dtype"
-            assert mode is None or mode in opinfo.MODES, f"{mode!r} is not a mode"
+            assert mode is None or mode in opinfo.MODES + opinfo.COMPILE_MODES, f"{mode!r} is not a mode"
             assert len(reason) > 12, f"{op}: give a specific reason"
             assert "not root-caused" not in reason, f"{op}: find the cause"
 
@@ -57,7 +57,7 @@ def test_every_recorded_failure_has_a_reason() -> None:
     reason nothing fails for any more is stale)."""
     from torchtpu.testing import expected_failures as xf
 
-    cases = {c.key for c in opinfo.cases(None, opinfo.MODES)}
+    cases = {c.key for c in opinfo.cases(None, opinfo.MODES + opinfo.COMPILE_MODES)}
     for key in xf.OBSERVED:
         assert key in cases, f"{key} is not a conformance case"
         assert xf.lookup(xf.XFAIL, *key) is not None, f"{key} fails as recorded, but no XFAIL reason says why"
