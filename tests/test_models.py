@@ -104,7 +104,10 @@ def test_model_matches_cpu_compiled(case):
 # resnet an image model in bfloat16 here, and both keep their autocast runs
 # deberta-v2-cls's bfloat16 run moved in session 55 (5.5 s); its autocast run stays
 # llava's both (8 and 13 s on CI, session 60: the suite ran 919 s)
-LOW_PRECISION_HEAVY = {("gemma2", "bfloat16"), ("vit", "bfloat16"), ("deberta-v2-cls", "bfloat16")} | {
+LOW_PRECISION_HEAVY = {
+    ("gemma2", "bfloat16"),
+    ("vit", "bfloat16"),
+    ("deberta-v2-cls", "bfloat16"),
     ("llava", "bfloat16"),
     ("llava", "autocast"),
 }

@@ -33,6 +33,7 @@ MODES = ("fwd", "grad", "inplace", "out", "errors", "extremal")
 # AOTAutograd decomposes and functionalizes before our lowering sees the graph, so a compiled
 # op takes paths the eager run never does (tests/test_opinfo_compile.py; not in the full run).
 COMPILE_MODES = ("compile", "compile-grad")
+_EAGER_MODE_OF = {"compile": "fwd", "compile-grad": "grad"}  # the eager comparison each one repeats
 
 # What the platforms support (complex and the storage-only unsigned types are switched off
 # in expected_failures.SKIPPED_DTYPES).
@@ -160,9 +161,10 @@ def platform_dtypes(op: Any) -> list[torch.dtype]:
 
 
 def mode_applies(op: Any, dtype: torch.dtype, mode: str) -> bool:
-    if mode in ("fwd", "compile"):
+    mode = _EAGER_MODE_OF.get(mode, mode)
+    if mode == "fwd":
         return True
-    if mode in ("grad", "compile-grad"):
+    if mode == "grad":
         return (
             op.supports_autograd
             and dtype in op.supported_backward_dtypes("cpu")
@@ -338,7 +340,7 @@ def _compiled_forward(op: Any, sample: Any) -> Any:
     def call(inp: Any, *args: Any, **kwargs: Any) -> Any:
         return op(inp, *args, **kwargs)
 
-    return sample.output_process_fn_grad(torch.compile(call, backend="tpu")(sample.input, *sample.args, **sample.kwargs))
+    return _forward(torch.compile(call, backend="tpu"), sample)
 
 
 def _run_fwd(op: Any, sample: Any, forward: Callable[[Any, Any], Any] = _forward) -> Outputs:
@@ -668,7 +670,7 @@ def _samples(op: Any, dtype: torch.dtype, mode: str, max_samples: int | None) ->
     elif mode == "extremal":
         gen = extremal.samples(op, dtype)
     else:
-        gen = op.sample_inputs("cpu", dtype, requires_grad=mode in ("grad", "compile-grad"))
+        gen = op.sample_inputs("cpu", dtype, requires_grad=_EAGER_MODE_OF.get(mode, mode) == "grad")
     return itertools.islice(gen, max_samples) if max_samples else iter(gen)
 
 
