@@ -354,6 +354,22 @@ def test_lengths_that_equal_static_sizes(mode: str) -> None:
     torch.testing.assert_close(table.to("tpu")[slots, slots].cpu(), table[[1, 0], [1, 0]])
 
 
+def test_index_add_of_a_source_padded_outside_dim_runs_exact(mode: str, fresh_upload_history: None) -> None:
+    """A feature vector uploaded at varying lengths gets a twin, so ``v[None] * w`` is
+    padded along v's length: a [1, 8] result over [1, cap] rows (nn.LinearCrossEntropyLoss
+    on unbatched inputs). index_add_ of it along dim 0 into an exact [4, 8] tensor must not
+    pad: the meta kernel does not compare source and self (the CPU kernel does), and the
+    padded program failed to lower ("source tensor shape must match self tensor shape")."""
+    for n in (5, 9):
+        torch.rand(n).to("tpu")
+    v, w, into = torch.rand(8), torch.rand(1, 1), torch.rand(4, 8)  # w: 2-d, no twin
+    on_tpu = v.to("tpu")
+    src = on_tpu[None] * w.to("tpu")
+    assert twin_of(on_tpu) is not None and src.stride() == (512, 1)  # src is a padded result
+    got = into.to("tpu").index_add_(0, torch.tensor([2]).to("tpu"), src, alpha=-1)
+    torch.testing.assert_close(got.cpu(), into.index_add(0, torch.tensor([2]), v[None] * w, alpha=-1))
+
+
 def test_a_padded_calls_meta_checks_run_once_per_geometry(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whether a call may run padded is asked of PyTorch's meta kernels (three calls, a
     third of a DLRM step when asked every time) once per op, length, bucket and argument

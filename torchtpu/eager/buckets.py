@@ -493,19 +493,39 @@ def _result_dims(plan: OpPlan, values: list[Any], dims: dict[int, int], n: int, 
     return tuple(out)
 
 
-_INDEX_PUTS = {"index_put", "_index_put_impl"}
+def _check_index_put(a: dict[str, Any]) -> None:
+    """index_put's meta kernel does not compare the values with the indexed shape (its CPU
+    kernel does): values of the length left at exact shapes next to padded indices would
+    pass it, so the values must broadcast to ``self[indices]``."""
+    indexed = torch.ops.aten.index.Tensor(a["self"], a["indices"]).shape
+    if torch.broadcast_shapes(a["values"].shape, indexed) != indexed:
+        raise ValueError("index_put: values do not broadcast to the indexed shape")
+
+
+def _check_index_add(a: dict[str, Any]) -> None:
+    """index_add's meta kernel does not compare the source with ``self`` (its CPU kernel
+    does): a source padded along a dimension other than ``dim`` -- a [1, 8] product of an
+    uploaded 8-vector, whose twin made it [1, cap] -- next to an exact ``self`` would pass
+    it, so every dimension but ``dim`` must be the same in both."""
+    self, source, dim = a["self"], a["source"], a["dim"] % max(a["self"].dim(), 1)
+    if source.dim() and any(s != t for d, (s, t) in enumerate(zip(self.shape, source.shape)) if d != dim):
+        raise ValueError("index_add: the source's shape is not self's outside dim")
+
+
+# The checks PyTorch's meta kernels leave out and the CPU kernels make, by op packet: a
+# padded call that only passes the meta kernel for want of them is ill formed.
+_META_CHECKS = {
+    "index_put": _check_index_put,
+    "_index_put_impl": _check_index_put,
+    "index_add": _check_index_add,
+}
 
 
 def _checked_meta(plan: OpPlan, metas: list[Any]) -> _MetaResults:
-    """The meta kernel's results for ``metas``, raising where the call is ill formed.
-    index_put's meta kernel does not compare the values with the indexed shape (its CPU
-    kernel does): values of the length left at exact shapes next to padded indices
-    would pass it, so the values must broadcast to ``self[indices]`` here."""
-    if plan.functional.overloadpacket.__name__ in _INDEX_PUTS:
-        a = dict(zip(plan.names, metas))
-        indexed = torch.ops.aten.index.Tensor(a["self"], a["indices"]).shape
-        if torch.broadcast_shapes(a["values"].shape, indexed) != indexed:
-            raise ValueError("index_put: values do not broadcast to the indexed shape")
+    """The meta kernel's results for ``metas``, raising where the call is ill formed."""
+    check = _META_CHECKS.get(plan.functional.overloadpacket.__name__)
+    if check is not None:
+        check(dict(zip(plan.names, metas)))
     return _new_and_mutated(plan, plan.functional_meta(metas))
 
 
