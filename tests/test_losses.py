@@ -112,3 +112,19 @@ def test_margin_losses_forward_and_backward_match_cpu(reduction):
         want.backward(g)
         got.backward(g.to(TPU))
         assert_close(xt.grad, xc.grad)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_multilabel_margin_loss_of_a_vector_is_0_dim_like_the_cpus(reduction):
+    """An unbatched input's loss has no dimensions on the CPU whatever the reduction.
+    PyTorch's meta function gave reduction='none' the shape [1], which the tpu result took;
+    its backward then failed (grad_output [1] against output [])."""
+    x, target = torch.randn(5), torch.tensor([3, 0, -1, 1, 1])
+    xc, xt = x.clone().requires_grad_(), x.to(TPU).requires_grad_()
+    want = F.multilabel_margin_loss(xc, target, reduction=reduction)
+    got = F.multilabel_margin_loss(xt, target.to(TPU), reduction=reduction)
+    assert got.shape == want.shape == ()
+    assert_close(got, want)
+    want.backward(torch.tensor(0.7))
+    got.backward(torch.tensor(0.7).to(TPU))
+    assert_close(xt.grad, xc.grad)

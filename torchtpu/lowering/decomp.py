@@ -410,6 +410,15 @@ def _multilabel_margin_loss_forward(x: torch.Tensor, target: torch.Tensor, reduc
     return loss, is_target.to(x.dtype).reshape(shape)
 
 
+@registry.register_meta(aten.multilabel_margin_loss_forward.default)
+def _multilabel_margin_loss_forward_meta(x: torch.Tensor, target: torch.Tensor, reduction: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU kernel's result shapes: an unreduced loss has one value per row of a matrix
+    and none (a 0-dim tensor) for a vector. PyTorch's meta function (its decomposition) gives
+    a vector's unreduced loss the shape [1], so the eager result had it too."""
+    loss_shape = (x.shape[0],) if reduction == 0 and x.dim() == 2 else ()
+    return x.new_empty(loss_shape), x.new_empty(target.shape)
+
+
 @register_own(aten.multilabel_margin_loss_backward.default)
 def _multilabel_margin_loss_backward(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, reduction: int, is_target: torch.Tensor) -> torch.Tensor:
     (gx,) = _grad_through(lambda a: _multilabel_margin_loss_forward(a, target, reduction)[0], [x], [True], grad)
