@@ -114,6 +114,29 @@ def test_margin_losses_forward_and_backward_match_cpu(reduction):
         assert_close(xt.grad, xc.grad)
 
 
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_targets_all_ignored_give_zero_gradients_like_the_cpu(reduction, compiled):
+    """A batch whose every target is ignore_index (a padding-only batch): the mean divides
+    by a total weight of 0, so its loss is NaN on the CPU too, but the CPU kernel writes no
+    gradient for an ignored target and the logits' gradient stays 0. Before: NaN (inf * 0),
+    spread over every logit by log_softmax's backward. Bitwise, signs of zeros included."""
+    x, target = torch.randn(4, 5), torch.tensor([1, 1, 1, 1])
+
+    def loss(x, t):
+        return F.cross_entropy(x, t, ignore_index=1, reduction=reduction)
+
+    xc, xt = x.clone().requires_grad_(), x.to(TPU).requires_grad_()
+    want = loss(xc, target)
+    got = (torch.compile(loss, backend="tpu") if compiled else loss)(xt, target.to(TPU))
+    cotangent = torch.full(want.shape, float("inf"))  # no finite gradient may leak into ignored targets
+    want.backward(cotangent)
+    got.backward(cotangent.to(TPU))
+    for a, e in ((got.detach().cpu(), want.detach()), (xt.grad.cpu(), xc.grad)):
+        assert torch.equal(a.isnan(), e.isnan()) and torch.equal(a.nan_to_num(), e.nan_to_num()), (a, e)
+        assert torch.equal(a.signbit(), e.signbit()), (a, e)
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_multilabel_margin_loss_of_a_vector_is_0_dim_like_the_cpus(reduction):
     """An unbatched input's loss has no dimensions on the CPU whatever the reduction.

@@ -7,7 +7,7 @@ decompose (log_softmax + nll_loss, abs + mean) into these and the reduction rule
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -46,8 +46,14 @@ def _c(L: NodeLowering, v: Any, like: Value) -> Value:
 
 
 # -- nll_loss ------------------------------------------------------------------------------------
-def _nll_parts(L: NodeLowering, x: Value, target: Value, weight: Value | None, ignore_index: int) -> tuple[Value, Value, int]:
-    """(one-hot mask over x's shape, per-target weight with ignored targets zeroed, class dim)."""
+class _NllParts(NamedTuple):
+    onehot: Value  # x's shape: the target's class
+    weight: Value  # per target: its class weight, 0 for an ignored target
+    valid: Value  # per target: not ignore_index
+    cdim: int  # the class dim of x
+
+
+def _nll_parts(L: NodeLowering, x: Value, target: Value, weight: Value | None, ignore_index: int) -> _NllParts:
     b = L.b
     cdim = 1 if x.rank >= 2 else 0
     keep = [d for d in range(x.rank) if d != cdim]
@@ -63,7 +69,7 @@ def _nll_parts(L: NodeLowering, x: Value, target: Value, weight: Value | None, i
     else:
         wt = L.full(1, t.shape, acc)
     wt = b.select(valid, wt, L.zeros(t.shape, acc))
-    return onehot, wt, cdim
+    return _NllParts(onehot, wt, valid, cdim)
 
 
 def _check_targets(L: NodeLowering, t: Value, valid: Value, n_classes: int) -> None:
@@ -82,10 +88,11 @@ def nll_loss_forward(
 ) -> tuple[Value, Value]:
     b = L.b
     acc = acc_dtype(x.dtype)
-    onehot, wt, cdim = _nll_parts(L, x, target, weight, ignore_index)
+    onehot, wt, valid, cdim = _nll_parts(L, x, target, weight, ignore_index)
     xf = L.to(x, acc)
     picked = reduce_sum(L, b.select(onehot, xf, L.zeros(x.shape, acc)), [cdim], acc)
-    loss = b.unary("negate", b.binary("multiply", picked, wt))
+    # an ignored target's loss is +0, as the CPU writes it (not -(x * 0) = -0)
+    loss = b.select(valid, b.unary("negate", b.binary("multiply", picked, wt)), L.zeros(wt.shape, acc))
     tw_spec = L.out[1]
     total = reduce_sum(L, wt, list(range(wt.rank)), acc)
     if reduction == NONE and x.rank >= 2:
@@ -114,7 +121,7 @@ def nll_loss_backward(
 ) -> Value:
     b = L.b
     acc = acc_dtype(x.dtype)
-    onehot, wt, cdim = _nll_parts(L, x, target, weight, ignore_index)
+    onehot, wt, valid, cdim = _nll_parts(L, x, target, weight, ignore_index)
     keep = [d for d in range(x.rank) if d != cdim]
     g = L.to(grad, acc)
     if reduction == NONE:
@@ -124,7 +131,11 @@ def nll_loss_backward(
         if reduction == MEAN:
             g = b.binary("divide", g, L.to(b.reshape(total_weight, ()), acc))
         g = b.binary("multiply", L.broadcast_to(g, wt.shape), wt)
-    gb = b.broadcast_in_dim(b.unary("negate", g), x.shape, keep)
+    # the CPU kernel writes no gradient for an ignored target: it stays 0 even where the
+    # incoming one is not finite (a mean over a batch whose targets are all ignored divides
+    # by a total weight of 0, and inf * 0 would give NaN)
+    g = b.select(valid, b.unary("negate", g), L.zeros(wt.shape, acc))
+    gb = b.broadcast_in_dim(g, x.shape, keep)
     r = b.select(onehot, gb, L.zeros(x.shape, acc))
     return L.to(r, L.out[0].dtype)
 
