@@ -373,3 +373,15 @@ def test_fractional_max_pool_nan_and_inf_windows_match_cpu():
     check(lambda a, s: torch.ops.aten.fractional_max_pool2d(a, [3, 3], [3, 3], s), x.requires_grad_(), _samples(1, 2, 2))
     samples = _samples(2, 3, 2)
     check(lambda a, s: F.fractional_max_pool2d(a, 3, output_ratio=(0.5, 0.5), _random_samples=s, return_indices=True), r(2, 3, 16, 16), samples)
+
+
+@pytest.mark.parametrize("kind", ["2d", "3d"])
+def test_fractional_max_pool_reads_the_first_rows_of_extra_samples(kind):
+    """The CPU kernel takes ``_random_samples`` with more rows than the batch (an unbatched
+    input given a batch's samples, as ModuleInfo's nn.FractionalMaxPool3d sample does) and
+    reads the first. The decomposition reshaped all of them: "shape '[1, 4, 3]' is invalid"."""
+    k = 2 if kind == "2d" else 3
+    pool = F.fractional_max_pool2d if kind == "2d" else F.fractional_max_pool3d
+    x = r(4, *([7] * k))  # unbatched: 4 planes
+    samples = _samples(2, 4, k)  # two batches' worth
+    check(lambda a, s: pool(a, 2, output_ratio=(0.5,) * k, _random_samples=s, return_indices=True), x, samples)

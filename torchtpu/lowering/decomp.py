@@ -454,7 +454,7 @@ def _fractional_max_pool(x: torch.Tensor, kernel_size: Any, output_size: Any, sa
     batched = x.dim() == k + 2
     xb = x if batched else x.unsqueeze(0)
     n, c = xb.shape[:2]
-    samples = samples.reshape(n, c, k)
+    samples = samples[:n].reshape(n, c, k)  # the CPU kernel reads the first n rows: more may be given
     order = [1, 0] if k == 2 else [0, 1, 2]  # which sample goes with which spatial dim
     flat = torch.zeros((), dtype=torch.int64, device=x.device)
     strides = [1] * k
