@@ -530,9 +530,11 @@ def softmax_backward(L: NodeLowering, grad: Value, y: Value, dim: int, input_dty
     acc = acc_dtype(grad.dtype)
     g, y = L.to(grad, acc), L.to(y, acc)
     dims = _softmax_dims(y, dim)
-    gy = b.binary("multiply", g, y)
-    r = b.binary("subtract", gy, b.binary("multiply", y, L.broadcast_to(sum_keep(L, gy, dims), y.shape)))
-    return _out(L, r)
+    # y * (g - sum(g * y)), the CPU kernel's form: where g is close to the sum (a saturated
+    # row), the difference is exact and one rounding follows; g * y - y * sum rounds both
+    # products first and then cancels them (an attention layer's gradients lost digits)
+    total = L.broadcast_to(sum_keep(L, b.binary("multiply", g, y), dims), y.shape)
+    return _out(L, b.binary("multiply", y, b.binary("subtract", g, total)))
 
 
 @register(aten._log_softmax_backward_data.default)
