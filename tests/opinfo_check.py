@@ -32,18 +32,24 @@ class Results:
         """Run ``case`` (its first ``samples`` samples; all if None) and report its verdict."""
         r = opinfo.run_case(case, samples)
         self.results.append(r)
-        if r.status == "skip":
-            pytest.skip(r.detail)
-        if r.status == "xfail":
-            pytest.xfail(r.detail)
-        if r.status == "xpass":
-            pytest.fail(f"strict xpass: {r.detail}", pytrace=False)
-        if r.status == "fail":
-            pytest.fail(
-                f"{r.kind}: {r.detail}\n(if the difference is acceptable, find out why against float64, record it with "
-                "python -m torchtpu.testing.record_failures and say why in expected_failures.py XFAIL)",
-                pytrace=False,
-            )
+        report(
+            r.status,
+            f"{r.kind}: {r.detail}" if r.status == "fail" else r.detail,
+            "record it with python -m torchtpu.testing.record_failures and say why in expected_failures.py XFAIL",
+        )
+
+
+def report(status: str, detail: str, record_hint: str) -> None:
+    """A conformance verdict as the pytest outcome: skip, (strict) xfail, or a failure that
+    says how to record an acceptable difference (``record_hint``)."""
+    if status == "skip":
+        pytest.skip(detail)
+    if status == "xfail":
+        pytest.xfail(detail)
+    if status == "xpass":
+        pytest.fail(f"strict xpass: {detail}", pytrace=False)
+    if status == "fail":
+        pytest.fail(f"{detail}\n(if the difference is acceptable, find out why against float64, {record_hint})", pytrace=False)
 
 
 def conformance_test(name: str, cases: list[opinfo.Case], samples: int | None, slow: Collection[str] = ()) -> tuple[Any, Any]:

@@ -9,6 +9,7 @@ input and parameter gradients and buffers, eagerly, under DeferAndFuse and compi
 from __future__ import annotations
 
 import pytest
+from opinfo_check import report
 
 from torchtpu.testing import moduleinfo
 
@@ -21,18 +22,7 @@ LONG_FIRST_SAMPLE = {"nn.Transformer", "nn.TransformerEncoder", "nn.RNN", "nn.LS
 
 def _check(case: moduleinfo.Case, samples: int | None) -> None:
     r = moduleinfo.run_case(case, samples)
-    if r.status == "skip":
-        pytest.skip(r.detail)
-    if r.status == "xfail":
-        pytest.xfail(r.detail)
-    if r.status == "xpass":
-        pytest.fail(f"strict xpass: {r.detail} (remove its entry from moduleinfo.EXPECTED)", pytrace=False)
-    if r.status == "fail":
-        pytest.fail(
-            f"{r.detail}\n(if the difference is acceptable, find out why against float64 and record it, with "
-            "the numbers, in moduleinfo.EXPECTED)",
-            pytrace=False,
-        )
+    report(r.status, r.detail, "record it, with the numbers, in moduleinfo.EXPECTED (and remove an entry that passes)")
 
 
 @pytest.mark.parametrize("case", [c for c in moduleinfo.cases(("eager",)) if c.training == "train" and c.module not in LONG_FIRST_SAMPLE], ids=lambda c: c.id)

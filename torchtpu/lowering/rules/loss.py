@@ -54,6 +54,7 @@ class _NllParts(NamedTuple):
 
 
 def _nll_parts(L: NodeLowering, x: Value, target: Value, weight: Value | None, ignore_index: int) -> _NllParts:
+    """What nll_loss's forward and backward both need of the targets (and the bounds check)."""
     b = L.b
     cdim = 1 if x.rank >= 2 else 0
     keep = [d for d in range(x.rank) if d != cdim]
