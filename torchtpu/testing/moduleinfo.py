@@ -32,11 +32,10 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from ..runner import checks
 from .observed import Entry, Observed, SampleFailure, judge
-from .opinfo import Outputs, Refereed, _failure, compare
+from .opinfo import TPU, Outputs, Refereed, _CpuRefused, _failure, compare
 
 WAYS = ("eager", "defer", "compile")
 TRAINING = {"train": True, "eval": False}
-TPU = torch.device("tpu")
 
 
 @dataclass(frozen=True)
@@ -235,10 +234,6 @@ def _cotangents(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Fixed random weights for the outputs (the same numbers on every device and dtype)."""
     g = torch.Generator().manual_seed(2)
     return [torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.dtype).to(t.device) for t in outputs]
-
-
-class _CpuRefused(Exception):
-    pass
 
 
 def _outputs(info: Any, sample: Any, training: bool, way: str) -> Outputs:
