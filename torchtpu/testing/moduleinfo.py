@@ -76,13 +76,15 @@ _DECODER_LAYER = (
     "(20 random orders; with fused multiply-adds 1.4e-4 to 6.4e-4; correctly rounded 3.2e-4)"
 )
 _MULTIHEAD_FUSED = (
-    "gradients differ in the fused program only; the cause is not yet known (open): on sample #41 "
-    "(embed_dim 3, 3 heads, add_bias_kv) the q, k and in_proj_weight gradients' summed error "
-    "against float64 is 1.15e-4 for in_proj_weight under DeferAndFuse and compiled, 2.8e-5 eagerly "
-    "on tpu, 3.1e-5 on the CPU, and 2.5e-5 to 5.2e-5 with the CPU's matrix products summed in 20 "
-    "other orders. Fusing only the forward's score product (transpose + bmm, head_dim 1, one "
-    "rounding per element) reproduces it, everything else fused does not, and every forward value "
-    "is bitwise the same either way. Eager tpu passes (softmax's backward in the CPU kernel's form)"
+    "rounding, not a wrong value: sample #41 (embed_dim 3, 3 heads, add_bias_kv) has saturated "
+    "attention rows (scores up to 64), so its q, k and in_proj_weight gradients hang on the last "
+    "bit of single probabilities. Fused with the score product, XLA's softmax rounds 21 of 36 "
+    "probabilities differently from the CPU's, every one within 1 ulp of float64 (summed error "
+    "2.8e-7; the CPU's 3.9e-7); the one at head 2, row 1, column 0 (0.92750388, float64 "
+    "0.92750384) alone takes the summed error from 3.4e-5 to 1.09e-4 (1.26e-4 with all 21). "
+    "The CPU itself, its softmax replaced by float64's rounded down or up at random (40 draws, "
+    "each probability within 1 ulp), gives 3.3e-5 to 1.35e-4; eager tpu, whose softmax is bitwise "
+    "the CPU's, passes"
 )
 _CONV3D = (
     "rounding, not a wrong value: the weight gradient sums 120 products per element (2 inputs x 60 "
