@@ -61,25 +61,37 @@ SDPA_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(SDPA_CASES))
-def test_sdpa(name):
+def _check_sdpa(name: str, dtype: torch.dtype, tol: dict) -> None:
     kw, qs, ks = SDPA_CASES[name]
     kw = dict(kw)
     mask = kw.pop("mask", None)
     mask_shape = kw.pop("mask_shape", None)
-    q, k, v = r(*qs), r(*ks), r(*kw.pop("v_shape", (*ks[:-1], 6)))
+    q, k, v = r(*qs, dtype=dtype), r(*ks, dtype=dtype), r(*kw.pop("v_shape", (*ks[:-1], 6)), dtype=dtype)
     L, S = qs[-2], ks[-2]
     if mask == "bool":
         kw["attn_mask"] = _bool_mask(L, S) if mask_shape is None else torch.rand(mask_shape) > 0.3
         kw["attn_mask"][..., 0] = True
-    elif mask == "float":
-        kw["attn_mask"] = r(*(mask_shape or (qs[0], 1, L, S)))  # broadcast over heads; gets a gradient too
+    elif mask == "float":  # broadcast over heads; gets a gradient too
+        kw["attn_mask"] = r(*(mask_shape or (qs[0], 1, L, S)), dtype=dtype)
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         if "attn_mask" in kw:
             m = kw.pop("attn_mask")
-            check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kw), q, k, v, m, **TOL)
+            check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kw), q, k, v, m, **tol)
         else:
-            check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kw), q, k, v, **TOL)
+            check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kw), q, k, v, **tol)
+
+
+@pytest.mark.parametrize("name", list(SDPA_CASES))
+def test_sdpa(name):
+    _check_sdpa(name, torch.float32, TOL)
+
+
+@pytest.mark.parametrize("name", ["plain", "scale", "float_mask", "gqa", "mask_B1LS_mqa"])
+def test_sdpa_float64_computes_in_float64(name):
+    """The math backend computes float64 attention in float64; a float32 step anywhere
+    (the scale, the scores, the probabilities) leaves errors near 1e-8, far above float64's
+    rounding of these sums (about 1e-15)."""
+    _check_sdpa(name, torch.float64, dict(atol=1e-12, rtol=1e-12))
 
 
 def test_sdpa_fully_masked_row_gives_zeros():

@@ -59,10 +59,16 @@ def sdpa_batch(q_shape: Any, k_shape: Any, v_shape: Any) -> tuple[int, ...]:
     return tuple(torch.broadcast_shapes(tuple(q_shape[:-2]), kv_batch(q_shape, k_shape), kv_batch(q_shape, v_shape)))
 
 
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the attention computes in: float64 for float64 inputs (as the math backend),
+    float32 for every narrower float (the probabilities and their sums need its range)."""
+    return torch.float64 if dtype is torch.float64 else torch.float32
+
+
 def _fwd_meta(q, k, v, mask, is_causal, scale):  # noqa: ANN001, ANN202
     batch = sdpa_batch(q.shape, k.shape, v.shape)
     out = q.new_empty((*batch, q.shape[-2], v.shape[-1]))
-    return out, q.new_empty((*batch, q.shape[-2]), dtype=torch.float32)
+    return out, q.new_empty((*batch, q.shape[-2]), dtype=work_dtype(q.dtype))
 
 
 def _bwd_meta(g, q, k, v, mask, out, lse, is_causal, scale, mask_grad):  # noqa: ANN001, ANN202
@@ -81,10 +87,12 @@ _NEG_INF = -math.inf
 
 # -- the shared math ---------------------------------------------------------------------------
 class _Geometry:
-    """The broadcast batch dims ``batch`` (all but the last two) of q, k and v, and for k
-    and v the head repeat count of grouped-query attention (1 if none)."""
+    """The broadcast batch dims ``batch`` (all but the last two) of q, k and v, for k
+    and v the head repeat count of grouped-query attention (1 if none), and the dtype
+    ``work`` the products, scores and probabilities are computed in."""
 
     def __init__(self, q: Value, k: Value, v: Value):
+        self.work = work_dtype(q.dtype)
         self.batch = sdpa_batch(q.shape, k.shape, v.shape)
         self.nb = len(self.batch)
         self.L, self.S = q.shape[-2], k.shape[-2]
@@ -126,9 +134,9 @@ def _reduce_heads(L: NodeLowering, x: Value, groups: int) -> Value:
     return L.b.reduce([y], [L.b.constant(0, y.dtype)], [len(lead) + 1], lambda a, c: [L.b.binary("add", a, c)])[0]
 
 
-def _dot(L: NodeLowering, a: Value, b: Value, ca: int, cb: int, nb: int) -> Value:
+def _dot(L: NodeLowering, a: Value, b: Value, ca: int, cb: int, nb: int, work: torch.dtype) -> Value:
     """``a @ b`` over the ``nb`` leading batch dims, contracting ``a``'s dim ``ca`` with
-    ``b``'s ``cb``, in float32. The batch dims go in as one: XLA's CPU backend leaves a
+    ``b``'s ``cb``, in ``work``. The batch dims go in as one: XLA's CPU backend leaves a
     dot with several batch dims that contracts the left operand's rows (``P^T @ dO`` in
     the backward) out of its library fusions; with one batch dim the backward program of
     a (8, 4, 32, 16) grouped-query attention ran in 280 us instead of 570."""
@@ -136,24 +144,24 @@ def _dot(L: NodeLowering, a: Value, b: Value, ca: int, cb: int, nb: int) -> Valu
         n = math.prod(a.shape[:nb])
         a = L.b.reshape(a, (n, *a.shape[nb:]))
         b_ = L.b.reshape(b, (n, *b.shape[nb:]))
-        out = _dot(L, a, b_, ca - nb + 1, cb - nb + 1, 1)
+        out = _dot(L, a, b_, ca - nb + 1, cb - nb + 1, 1, work)
         return L.b.reshape(out, (*b.shape[:nb], *out.shape[1:]))
     batch = list(range(nb))
-    return L.b.dot_general(a, b, [ca], [cb], batch, batch, out_dtype=torch.float32, precision=L.ctx.precision)
+    return L.b.dot_general(a, b, [ca], [cb], batch, batch, out_dtype=work, precision=L.ctx.precision)
 
 
-def _scale_value(L: NodeLowering, scale: Any, head_dim: int) -> Value:
+def _scale_value(L: NodeLowering, scale: Any, head_dim: int, work: torch.dtype) -> Value:
     if scale is None:
-        return L.b.constant(1.0 / math.sqrt(head_dim), torch.float32)
-    return L.scalar(scale, torch.float32)
+        return L.b.constant(1.0 / math.sqrt(head_dim), work)
+    return L.scalar(scale, work)
 
 
 def _scores(L: NodeLowering, g: _Geometry, q: Value, k: Value, mask: Value | None, is_causal: bool, scale: Any) -> Value:
-    """Scaled, masked scores (*N, L, S) in float32 (masked entries are -inf)."""
+    """Scaled, masked scores (*N, L, S) in ``g.work`` (masked entries are -inf)."""
     b = L.b
-    s = _dot(L, q, k, g.nb + 1, g.nb + 1, g.nb)
-    s = b.binary("multiply", s, L.broadcast_to(_scale_value(L, scale, q.shape[-1]), s.shape))
-    neg_inf = L.full(_NEG_INF, s.shape, torch.float32)
+    s = _dot(L, q, k, g.nb + 1, g.nb + 1, g.nb, g.work)
+    s = b.binary("multiply", s, L.broadcast_to(_scale_value(L, scale, q.shape[-1], g.work), s.shape))
+    neg_inf = L.full(_NEG_INF, s.shape, g.work)
     if is_causal:
         rows = b.iota((g.L, g.S), 0, torch.int64)
         cols = b.iota((g.L, g.S), 1, torch.int64)
@@ -163,7 +171,7 @@ def _scores(L: NodeLowering, g: _Geometry, q: Value, k: Value, mask: Value | Non
         if mask.dtype is torch.bool:
             s = b.select(L.broadcast_to(mask, s.shape), s, neg_inf)
         else:
-            s = b.binary("add", s, L.broadcast_to(L.to(mask, torch.float32), s.shape))
+            s = b.binary("add", s, L.broadcast_to(L.to(mask, g.work), s.shape))
     return s
 
 
@@ -199,7 +207,7 @@ def sdpa_forward(
     q = _to_batch(L, q, 1, g.batch)
     k, v = _to_batch(L, k, g.k_groups, g.batch), _to_batch(L, v, g.v_groups, g.batch)
     p, lse = safe_softmax(L, _scores(L, g, q, k, mask, is_causal, scale))
-    out = _dot(L, p, L.to(v, torch.float32), g.nb + 1, g.nb, g.nb)
+    out = _dot(L, p, L.to(v, g.work), g.nb + 1, g.nb, g.nb, g.work)
     return L.to(out, q.dtype), lse
 
 
@@ -225,14 +233,14 @@ def sdpa_backward(
     dead = _bcast_rows(L, b.compare(lse, L.full(_NEG_INF, lse.shape, lse.dtype), "EQ"), s.shape)
     p = b.unary("exponential", b.binary("subtract", s, _bcast_rows(L, lse, s.shape)))
     p = b.select(dead, L.zeros(s.shape, s.dtype), p)
-    do32 = L.to(dout, torch.float32)
-    dv = _dot(L, p, do32, g.nb, g.nb, g.nb)  # (*N, S, Ev)
-    dp = _dot(L, do32, L.to(ve, torch.float32), g.nb + 1, g.nb + 1, g.nb)  # (*N, L, S)
-    rowdot = _row_reduce(L, b.binary("multiply", do32, L.to(out, torch.float32)), "add", 0.0)
+    dout_w = L.to(dout, g.work)
+    dv = _dot(L, p, dout_w, g.nb, g.nb, g.nb, g.work)  # (*N, S, Ev)
+    dp = _dot(L, dout_w, L.to(ve, g.work), g.nb + 1, g.nb + 1, g.nb, g.work)  # (*N, L, S)
+    rowdot = _row_reduce(L, b.binary("multiply", dout_w, L.to(out, g.work)), "add", 0.0)
     ds = b.binary("multiply", p, b.binary("subtract", dp, _bcast_rows(L, rowdot, dp.shape)))
-    sc = _scale_value(L, scale, q.shape[-1])
-    dq = _dot(L, ds, L.to(ke, torch.float32), g.nb + 1, g.nb, g.nb)
-    dk = _dot(L, ds, L.to(qe, torch.float32), g.nb, g.nb, g.nb)
+    sc = _scale_value(L, scale, q.shape[-1], g.work)
+    dq = _dot(L, ds, L.to(ke, g.work), g.nb + 1, g.nb, g.nb, g.work)
+    dk = _dot(L, ds, L.to(qe, g.work), g.nb, g.nb, g.nb, g.work)
     dq = b.binary("multiply", dq, L.broadcast_to(sc, dq.shape))
     dk = b.binary("multiply", dk, L.broadcast_to(sc, dk.shape))
     # broadcast inputs (one key/value head for many query heads, batch dims of size 1)
