@@ -137,6 +137,23 @@ def test_targets_all_ignored_give_zero_gradients_like_the_cpu(reduction, compile
         assert torch.equal(a.isnan(), e.isnan()) and torch.equal(a.nan_to_num(), e.nan_to_num()), (a, e)
         assert torch.equal(a.signbit(), e.signbit()), (a, e)
 
+@pytest.mark.parametrize("target_shape", [(), (1,)])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_multi_margin_loss_of_a_vector_has_the_cpus_shape(reduction, target_shape):
+    """A vector input with a 0-dim class index: the CPU's unreduced loss is 0-dim ([1] for a
+    1-element target). PyTorch's meta function and decomposition give [1] for both."""
+    x, target = torch.randn(5), torch.tensor(3).reshape(target_shape)
+    xc, xt = x.clone().requires_grad_(), x.to(TPU).requires_grad_()
+    want = F.multi_margin_loss(xc, target, reduction=reduction)
+    got = F.multi_margin_loss(xt, target.to(TPU), reduction=reduction)
+    assert got.shape == want.shape
+    assert_close(got, want)
+    g = torch.full(want.shape, 0.7)
+    want.backward(g)
+    got.backward(g.to(TPU))
+    assert_close(xt.grad, xc.grad)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_multilabel_margin_loss_of_a_vector_is_0_dim_like_the_cpus(reduction):
     """An unbatched input's loss has no dimensions on the CPU whatever the reduction.

@@ -373,14 +373,36 @@ def _affine_grid_generator(theta: torch.Tensor, size: list[int], align_corners: 
     return grid.reshape(n, *spatial, k)
 
 
+def _multi_margin_loss_shape(x: torch.Tensor, target: torch.Tensor, reduction: int) -> tuple[int, ...]:
+    """The CPU kernel's loss shape: one value per sample unreduced, none (0-dim) when reduced
+    or when the target is a 0-dim class index (of a vector input)."""
+    return (x.shape[0] if x.dim() == 2 else 1,) if reduction == 0 and target.dim() > 0 else ()
+
+
+@register_own(aten.multi_margin_loss.default)
+def _multi_margin_loss(
+    x: torch.Tensor, target: torch.Tensor, p: Any = 1, margin: Any = 1, weight: Any = None, reduction: int = 1
+) -> torch.Tensor:
+    """PyTorch's decomposition, in the CPU kernel's shape: it gives a vector input's
+    unreduced loss against a 0-dim target the shape [1] (the CPU: [])."""
+    from torch._decomp import decomposition_table
+
+    loss = decomposition_table[aten.multi_margin_loss.default](x, target, p, margin, weight, reduction)
+    return loss.reshape(_multi_margin_loss_shape(x, target, reduction))
+
+
+@registry.register_meta(aten.multi_margin_loss.default)
+def _multi_margin_loss_meta(
+    x: torch.Tensor, target: torch.Tensor, p: Any = 1, margin: Any = 1, weight: Any = None, reduction: int = 1
+) -> torch.Tensor:
+    return x.new_empty(_multi_margin_loss_shape(x, target, reduction))
+
+
 @register_own(aten.multi_margin_loss_backward.default)
 def _multi_margin_loss_backward(
     grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, p: Any, margin: Any, weight: Any = None, reduction: int = 1
 ) -> torch.Tensor:
-    from torch._decomp import decomposition_table
-
-    forward = decomposition_table[aten.multi_margin_loss.default]
-    (gx,) = _grad_through(lambda a: forward(a, target, p, margin, weight, reduction), [x], [True], grad)
+    (gx,) = _grad_through(lambda a: _multi_margin_loss(a, target, p, margin, weight, reduction), [x], [True], grad)
     return gx
 
 
