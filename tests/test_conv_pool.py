@@ -163,6 +163,21 @@ def test_pool(name):
     check(POOL_CASES[name], r(2, 3, 10, 11), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+@pytest.mark.parametrize("shape", [(0, 2, 4), (0, 2, 4, 4), (0, 2, 2, 3, 2)])
+def test_nearest_upsampling_of_an_empty_batch(shape, mode):
+    """An empty batch (a detection head with no boxes) upsamples to an empty result on the
+    CPU; PyTorch's meta function raised TypeError ("cond must be a bool") for it."""
+    check(lambda t: F.interpolate(t, scale_factor=2.0, mode=mode), r(*shape))
+
+
+def test_nearest_upsampling_errors_like_the_cpu():
+    for shape, message in (((2, 0, 4, 4), "Non-empty 4D data tensor"), ((2, 3, 0, 4), "greater than 0")):
+        for device in ("cpu", TPU):
+            with pytest.raises(RuntimeError, match=message):
+                F.interpolate(torch.randn(shape, device=device), scale_factor=2.0)
+
+
 def test_max_pool_ties_and_inf():
     x = torch.tensor([[[[1.0, 1.0, 3.0, 3.0], [1.0, 1.0, 3.0, float("-inf")], [float("-inf")] * 4, [2.0, 5.0, 5.0, 2.0]]]])
     check(lambda t: F.max_pool2d(t, 2, stride=1, return_indices=True), x.requires_grad_())

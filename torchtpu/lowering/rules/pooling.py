@@ -22,7 +22,7 @@ import torch
 from ...stablehlo.builder import Value
 from ...stablehlo.types import is_float
 from ..context import NodeLowering
-from ..registry import register
+from ..registry import register, register_meta
 
 aten = torch.ops.aten
 
@@ -698,3 +698,23 @@ def _upsample_backward(L: NodeLowering, grad: Value, output_size: Sequence[int],
 # the scale factors decide the interpolation matrices: keep them compile-time constants
 register(*_UPSAMPLE, static_scalars=True)(_upsample)
 register(*_UPSAMPLE_BACKWARD, static_scalars=True)(_upsample_backward)
+
+
+@register_meta(*(op for op, (_, kind) in _UPSAMPLE.items() if kind in ("nearest", "exact")))
+def _upsample_nearest_meta(x: torch.Tensor, output_size: Sequence[int], *scales: Any) -> torch.Tensor:
+    """PyTorch's meta function for nearest upsampling hands ``torch._check`` an int for an
+    empty input (``numel() != 0 or prod(sizes[1:])``) and raises TypeError on an empty
+    batch, which the CPU kernel upsamples to an empty result. Its checks, as booleans."""
+    nsp = len(output_size)
+    torch._check(
+        x.numel() != 0 or math.prod(x.shape[1:]) != 0,
+        lambda: f"Non-empty {nsp + 2}D data tensor expected but got a tensor with sizes {list(x.shape)}",
+    )
+    torch._check(x.dim() == nsp + 2, lambda: f"It is expected input_size equals to {nsp + 2}, but got size {x.dim()}")
+    torch._check(
+        all(d > 0 for d in x.shape[2:]) and all(d > 0 for d in output_size),
+        lambda: f"Input and output sizes should be greater than 0, but got input size {list(x.shape)} and output size {list(output_size)}",
+    )
+    from torch._prims_common import suggest_memory_format
+
+    return x.new_empty((*x.shape[:2], *output_size)).to(memory_format=suggest_memory_format(x))
