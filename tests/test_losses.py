@@ -137,6 +137,34 @@ def test_targets_all_ignored_give_zero_gradients_like_the_cpu(reduction, compile
         assert torch.equal(a.isnan(), e.isnan()) and torch.equal(a.nan_to_num(), e.nan_to_num()), (a, e)
         assert torch.equal(a.signbit(), e.signbit()), (a, e)
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_compiled_multilabel_margin_loss_stops_at_the_first_minus_one(reduction):
+    """Compiled, PyTorch's decomposition (applied at the Autograd key whatever the backend)
+    also counted the target slots after the first -1 (pytorch/pytorch#141017; inductor on
+    the CPU has it too): the loss and the gradient were wrong. Ours is traced for tpu."""
+    torch._dynamo.reset()
+    x = torch.randn(3, 5)
+    target = torch.tensor([[3, -1, 1, 1, 0], [0, 2, -1, 4, 4], [1, 0, 2, 4, -1]])
+    xc, xt = x.clone().requires_grad_(), x.to(TPU).requires_grad_()
+    want = F.multilabel_margin_loss(xc, target, reduction=reduction)
+    got = torch.compile(lambda a, t: F.multilabel_margin_loss(a, t, reduction=reduction), backend="tpu")(xt, target.to(TPU))
+    assert_close(got, want)
+    want.sum().backward()
+    got.sum().backward()
+    assert_close(xt.grad, xc.grad)
+
+
+@pytest.mark.parametrize("loss", [F.multi_margin_loss, F.multilabel_margin_loss])
+def test_compiled_margin_loss_of_a_vector_is_0_dim_like_the_cpus(loss):
+    torch._dynamo.reset()
+    target = torch.tensor(2) if loss is F.multi_margin_loss else torch.tensor([2, -1, 0, 0, 0])
+    x = torch.randn(5)
+    got = torch.compile(lambda a, t: loss(a, t, reduction="none"), backend="tpu")(x.to(TPU), target.to(TPU))
+    want = loss(x, target, reduction="none")
+    assert got.shape == want.shape == ()
+    assert_close(got, want)
+
+
 @pytest.mark.parametrize("target_shape", [(), (1,)])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_multi_margin_loss_of_a_vector_has_the_cpus_shape(reduction, target_shape):

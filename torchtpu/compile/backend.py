@@ -69,7 +69,40 @@ def _capturable_optimizers_on_tpu() -> None:
     OptimizerVariable._set_capturable = set_capturable  # type: ignore[method-assign]
 
 
+def _our_autograd_decompositions_on_tpu() -> None:
+    """PyTorch decomposes a few losses at the Autograd key (``py_impl(DispatchKey.Autograd)``)
+    whenever AOTAutograd traces, whatever the backend, before any table of ours is asked.
+    Two of those decompositions give the wrong result: ``multilabel_margin_loss_forward``
+    counts the target slots after the first -1 (pytorch/pytorch#141017: inductor and
+    aot_eager on the CPU get the wrong loss too), and both it and ``multi_margin_loss``
+    give a vector's unreduced loss the shape [1] (the CPU kernel: []). For tpu tensors the
+    tracer runs our decompositions instead (the ones eager tpu uses); other devices keep
+    PyTorch's."""
+    from torch._C import DispatchKey
+
+    from ..lowering.decomp import OWN
+
+    device = torch._C._get_privateuse1_backend_name()
+    aten = torch.ops.aten
+    for op in (aten.multilabel_margin_loss_forward.default, aten.multi_margin_loss.default):
+        theirs = op.py_kernels.get(DispatchKey.Autograd)
+        if theirs is None or getattr(theirs, "torchtpu", False):
+            continue
+        op.py_kernels[DispatchKey.Autograd] = _by_device(device, OWN[op], theirs)
+        op._dispatch_cache.clear()
+
+
+def _by_device(device: str, ours: Callable[..., Any], theirs: Callable[..., Any]) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        on_device = any(isinstance(t, torch.Tensor) and t.device.type == device for t in (*args, *kwargs.values()))
+        return ours(*args, **kwargs) if on_device else theirs(*args, **kwargs)
+
+    kernel.torchtpu = True  # type: ignore[attr-defined]
+    return kernel
+
+
 _capturable_optimizers_on_tpu()
+_our_autograd_decompositions_on_tpu()
 layouts.install()
 KNOWN_OPTIONS = ("bounded_dynamism", "max_size")
 

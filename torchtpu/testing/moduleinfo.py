@@ -99,15 +99,7 @@ _CONV_TRANSPOSE3D = (
     "3.30e-3, one float32 pass in 40 random orders 4.1e-3 to 4.9e-3; 6 of 3125 elements exceed "
     "the tolerance, by up to 4.1e-5"
 )
-_MULTILABEL_COMPILED = (
-    "PyTorch's compile path: Dynamo runs multilabel_margin_loss_forward through PyTorch's own "
-    "decomposition (registered for the Autograd key), which gives an unbatched input's "
-    "reduction='none' loss the shape [1] where the CPU kernel gives []; inductor on the CPU "
-    "returns [1] too. Eager tpu and DeferAndFuse return [] (our meta function)."
-)
 
-# Recorded with torch.manual_seed(0) before each case's samples are made (the sample index
-# names the same inputs on every machine).
 def _everywhere(module: str, observed: Observed, reason: str) -> dict[tuple[str, str, str], Expected]:
     """The same expected failure in train and eval, eagerly, under DeferAndFuse and compiled."""
     return {(module, training, way): Expected(observed, reason) for training in TRAINING for way in WAYS}
@@ -131,12 +123,6 @@ EXPECTED: dict[tuple[str, str, str], Expected] = {
     **_everywhere("nn.LazyConv3d", _mismatch(1, 4.2e-05, 4.22e-05), _CONV3D),
     **_everywhere("nn.ConvTranspose3d", _mismatch(0, 4.1e-05, 0.00124), _CONV_TRANSPOSE3D),
     **_everywhere("nn.LazyConvTranspose3d", _mismatch(0, 4.1e-05, 0.00124), _CONV_TRANSPOSE3D),
-    **{
-        ("nn.MultiLabelMarginLoss", training, "compile"): Expected(
-            Observed("meta", (6,), "output 0 is torch.float32 [1], on the CPU torch.float32 []"), _MULTILABEL_COMPILED
-        )
-        for training in TRAINING
-    },
 }
 
 
