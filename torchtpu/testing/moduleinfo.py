@@ -15,7 +15,8 @@ statistics), with PyTorch's tolerances and the float64 referee of ``opinfo.compa
 
 A case is one module in one mode (train or eval) run one way: ``eager``, ``defer``
 (DeferAndFuse) or ``compile`` (``torch.compile(module, backend="tpu")``, compiled afresh
-per sample). ``tests/test_moduleinfo.py`` runs them.
+per sample), in float32 or float64 (parameters and floating inputs; float64 found the
+fused attention computing in float32). ``tests/test_moduleinfo.py`` runs them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .opinfo import TPU, Outputs, Refereed, _CpuRefused, _failure, compare
 
 WAYS = ("eager", "defer", "compile")
 TRAINING = {"train": True, "eval": False}
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 @dataclass(frozen=True)
@@ -43,14 +45,15 @@ class Case:
     module: str  # ModuleInfo name, e.g. "nn.Conv2d"
     training: str  # "train" | "eval"
     way: str  # "eager" | "defer" | "compile"
+    dtype: str = "float32"  # a key of DTYPES: the module's parameters and floating inputs
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.module, self.training, self.way)
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.module, self.training, self.way, self.dtype)
 
     @property
     def id(self) -> str:
-        return f"{self.module}-{self.training}-{self.way}"
+        return f"{self.module}-{self.training}-{self.way}" + ("" if self.dtype == "float32" else f"-{self.dtype}")
 
 
 @dataclass(frozen=True)
@@ -100,9 +103,9 @@ _CONV_TRANSPOSE3D = (
     "the tolerance, by up to 4.1e-5"
 )
 
-def _everywhere(module: str, observed: Observed, reason: str) -> dict[tuple[str, str, str], Expected]:
+def _everywhere(module: str, observed: Observed, reason: str) -> dict[tuple[str, str, str, str], Expected]:
     """The same expected failure in train and eval, eagerly, under DeferAndFuse and compiled."""
-    return {(module, training, way): Expected(observed, reason) for training in TRAINING for way in WAYS}
+    return {(module, training, way, "float32"): Expected(observed, reason) for training in TRAINING for way in WAYS}
 
 
 def _mismatch(index: int, max_abs: float, max_rel: float) -> Observed:
@@ -111,11 +114,11 @@ def _mismatch(index: int, max_abs: float, max_rel: float) -> Observed:
 
 # Recorded with torch.manual_seed(0) before each case's samples are made (the sample index
 # names the same inputs on every machine).
-EXPECTED: dict[tuple[str, str, str], Expected] = {
+EXPECTED: dict[tuple[str, str, str, str], Expected] = {
     **_everywhere("nn.Transformer", _mismatch(29, 1.41e-05, 0.00296), _TRANSFORMER),
     **_everywhere("nn.TransformerDecoderLayer", _mismatch(45, 7.25e-05, 3.0), _DECODER_LAYER),
     **{
-        ("nn.MultiheadAttention", training, way): Expected(_mismatch(41, 2.96e-05, 0.000487), _MULTIHEAD_FUSED)
+        ("nn.MultiheadAttention", training, way, "float32"): Expected(_mismatch(41, 2.96e-05, 0.000487), _MULTIHEAD_FUSED)
         for training in TRAINING
         for way in ("defer", "compile")
     },
@@ -134,8 +137,10 @@ def module_db() -> dict[str, Any]:
     return {info.name: info for info in db}
 
 
-def cases(ways: tuple[str, ...] = WAYS) -> list[Case]:
-    return [Case(name, training, way) for name in module_db() for training in TRAINING for way in ways]
+def cases(ways: tuple[str, ...] = WAYS, dtype: str = "float32") -> list[Case]:
+    """Every module (that ModuleInfo lists for ``dtype``) in train and eval, run ``ways``."""
+    names = [name for name, info in module_db().items() if DTYPES[dtype] in info.dtypes]
+    return [Case(name, training, way, dtype) for name in names for training in TRAINING for way in ways]
 
 
 # -- one sample --------------------------------------------------------------------------------
@@ -224,12 +229,12 @@ def _cotangents(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.dtype).to(t.device) for t in outputs]
 
 
-def _outputs(info: Any, sample: Any, training: bool, way: str) -> Outputs:
+def _outputs(info: Any, sample: Any, training: bool, way: str, dtype: torch.dtype) -> Outputs:
     try:
-        expected = _run(info, sample, training, "cpu", torch.float32, "eager")
+        expected = _run(info, sample, training, "cpu", dtype, "eager")
     except Exception as e:  # noqa: BLE001 - a sample the CPU refuses is not compared
         raise _CpuRefused(str(e)) from e
-    actual = _run(info, sample, training, TPU, torch.float32, way)
+    actual = _run(info, sample, training, TPU, dtype, way)
     return Outputs(actual, expected, lambda: _run(info, sample, training, "cpu", torch.float64, "eager"))
 
 
@@ -244,22 +249,22 @@ class Result:
     seconds: float = 0.0
 
 
-def _samples(info: Any, training: bool, max_samples: int | None) -> Iterator[Any]:
+def _samples(info: Any, training: bool, max_samples: int | None, dtype: torch.dtype) -> Iterator[Any]:
     torch.manual_seed(0)  # the same inputs whatever ran before (entries name samples by index)
-    samples = info.module_inputs_func(info, device="cpu", dtype=torch.float32, requires_grad=True, training=training)
+    samples = info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=True, training=training)
     return iter(samples[:max_samples] if max_samples else samples)
 
 
 def run_case(case: Case, max_samples: int | None = None) -> Result:
     """Run every sample of ``case`` (up to ``max_samples``) and hold it to its expected failure."""
     t0 = time.perf_counter()
-    info, training = module_db()[case.module], TRAINING[case.training]
+    info, training, dtype = module_db()[case.module], TRAINING[case.training], DTYPES[case.dtype]
     failures: list[SampleFailure] = []
     compared = refereed = 0
-    for index, sample in enumerate(_samples(info, training, max_samples)):
+    for index, sample in enumerate(_samples(info, training, max_samples, dtype)):
         checks.clear()  # a device-side error an earlier sample left is not this one's
         try:
-            outcome = compare(index, _outputs(info, sample, training, case.way), torch.float32, None)
+            outcome = compare(index, _outputs(info, sample, training, case.way, dtype), dtype, None)
         except _CpuRefused:
             continue
         except Exception as e:  # noqa: BLE001 - every failure is reported, none aborts the run
