@@ -208,6 +208,13 @@ def _run(info: Any, sample: Any, training: bool, device: str | torch.device, dty
     one call of the sample's module on ``device`` in ``dtype``, all on the host."""
     module = _built(info, sample, training, device, dtype)
     args, kwargs = _inputs(sample, device, dtype)
+    return run_module(module, args, kwargs, way)
+
+
+def run_module(module: torch.nn.Module, args: Any, kwargs: Any, way: str) -> list[Any]:
+    """Outputs, gradients (of the arguments that require one, then of the parameters; None
+    where unused) and buffers of one call ``module(*args, **kwargs)`` run ``way``, all on
+    the host. The gradients are taken for fixed random cotangents (``_cotangents``)."""
     with _way_context(way):
         torch.manual_seed(1)
         out = _call(module, args, kwargs, way)
@@ -241,7 +248,7 @@ def _outputs(info: Any, sample: Any, training: bool, way: str, dtype: torch.dtyp
 # -- one case ----------------------------------------------------------------------------------
 @dataclass
 class Result:
-    case: Case
+    case: Any  # a Case of this module's or of nn_tests'
     status: str  # pass | fail | xfail | xpass | skip
     detail: str = ""
     samples: int = 0
