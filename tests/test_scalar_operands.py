@@ -91,3 +91,28 @@ def test_negative_zero_is_not_positive_zero_in_the_program_cache() -> None:
         assert torch.equal(torch.signbit(got), torch.signbit(expected)), (scalar, got)
     got = torch.zeros(2, device="tpu").add(-0.0, alpha=-1.0).cpu()
     assert torch.equal(torch.signbit(got), torch.signbit(torch.zeros(2).add(-0.0, alpha=-1.0)))
+
+
+SCALAR_LIST_CALLS: dict[str, tuple[Callable[..., list[torch.Tensor]], torch.dtype, list]] = {
+    # int64 tensors: every number an int, each applied exactly (once computed in float32:
+    # 9 ** 8 gave 43046720, 2 ** 40 + 1 + 3 was off by 4)
+    "pow_ints": (torch._foreach_pow, torch.int64, [8, 10]),
+    "add_ints": (torch._foreach_add, torch.int64, [3, -5]),
+    # mixed: each number promotes with its own type, as PyTorch applies them one by one
+    "add_int_and_float": (torch._foreach_add, torch.int64, [2.5, 7]),
+    "mul_bool_and_float": (torch._foreach_mul, torch.float64, [True, 0.1]),
+    "mul_floats": (torch._foreach_mul, torch.float64, [0.1, 0.7]),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "defer_and_fuse"])
+@pytest.mark.parametrize("name", list(SCALAR_LIST_CALLS))
+def test_scalar_list_numbers_keep_their_types(name: str, mode: str) -> None:
+    fn, dtype, numbers = SCALAR_LIST_CALLS[name]
+    xs = [torch.tensor([9, -9, 2**40 + 1]).to(dtype), torch.tensor([3, 2**33, -7]).to(dtype)]
+    want = fn(xs, numbers)
+    with torchtpu.eager_mode(mode):
+        got = [t.cpu() for t in fn([x.to(TPU) for x in xs], numbers)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        assert torch.equal(g, w), (g, w)

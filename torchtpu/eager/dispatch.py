@@ -31,10 +31,11 @@ from ..runner.bounded import BoundedCache
 from ..runner.precision import current as current_precision
 from ..runner.program import OutputSpec, ProgramBuilder, StorageProgram, device_scalar, execute, take_pending, write_back
 from ..runtime import memory, pjrt
+from ..stablehlo.types import numpy_dtype
 from ..tensor import storage
 from ..tensor.storage import Cell, cell_of, collect_call, configure_collect, donatable, eager_keys, input_buffers, new_tensor
 from . import buckets, deferred, growth, modes, rng, scalar_range, validate
-from .oplower import RUNTIME_OFFSET, lifted, lower_single
+from .oplower import RUNTIME_OFFSET, lifted, lower_single, scalar_list_dtype
 from .plan import (
     KIND_SCALAR,
     KIND_SCALAR_LIST,
@@ -224,10 +225,11 @@ def _collect(plan: OpPlan, values: list[Any], padded: buckets.Padded | None = No
         elif kind == KIND_SCALAR:
             key.append(call.scalar(v, lift))
         elif kind == KIND_SCALAR_LIST and lift and v:
-            arr = np.asarray(v, np.float64 if pjrt.get().supports_f64 else np.float32)
+            types = tuple(map(type, v))
+            arr = np.asarray(v, numpy_dtype(scalar_list_dtype(types)))
             call.scalars.append(pjrt.get().put(arr))
-            call.scalar_types.append(list)
-            key.append(("sl", len(v)))
+            call.scalar_types.append(types)
+            key.append(("sl", types))
         else:
             if isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v)):
                 raise TpuError(f"torchtpu: unexpected tensor argument to {plan.name}")

@@ -39,14 +39,21 @@ def lifted(v: Any, lift: bool) -> bool:
     return lift and (tp is bool or ((tp is float or tp is int or tp is complex) and v not in _SPECIAL_SCALARS))
 
 
-def scalar_params(b: Builder, scalar_types: list[type | str]) -> list[Any]:
-    """Parameters for the Python numbers of one call (a ``list`` type is a Scalar[] list)."""
+def scalar_list_dtype(types: tuple[type, ...]) -> torch.dtype:
+    """The dtype a Scalar[] list is passed in: int64 when every number is an int or a bool
+    (exact, as the CPU computes ``_foreach_pow(int64 tensors, [8, 10])``), else the float
+    dtype (its ints are converted back to int64 in the program, ``_scalar_list``)."""
+    return torch.int64 if all(tp is int or tp is bool for tp in types) else scalar_dtype(float)
+
+
+def scalar_params(b: Builder, scalar_types: list[Any]) -> list[Any]:
+    """Parameters for the Python numbers of one call (a tuple of types is a Scalar[] list's)."""
     params: list[Any] = []
     for tp in scalar_types:
         if tp is RUNTIME_OFFSET:
             params.append(b.param((), torch.int64))
-        elif tp is list:
-            params.append(b.param((0,), scalar_dtype(float)))  # length set by _scalar_list
+        elif isinstance(tp, tuple):
+            params.append(b.param((len(tp),), scalar_list_dtype(tp)))
         else:
             p = b.param((), scalar_dtype(tp))
             params.append(ScalarValue(p.name, p.dtype, tp))
@@ -171,7 +178,7 @@ def lower_op(
         elif kind == KIND_SCALAR and lifted(v, plan.lift_scalars):
             lowered.append(next(scalar_iter))
         elif kind == KIND_SCALAR_LIST and plan.lift_scalars and v:
-            lowered.append(_scalar_list(b, next(scalar_iter), len(v)))
+            lowered.append(_scalar_list(b, next(scalar_iter), tuple(map(type, v))))
         else:
             lowered.append(v)
 
@@ -212,13 +219,16 @@ def lower_op(
     return out
 
 
-def _scalar_list(b: Builder, param: Any, n: int) -> list[ScalarValue]:
-    dtype = param.dtype
-    param.shape = (n,)
+def _scalar_list(b: Builder, param: Any, types: tuple[type, ...]) -> list[ScalarValue]:
+    """The numbers of a Scalar[] list, each with its own Python type, as PyTorch applies
+    them one by one: an int (or bool) promotes as an int, a float as a float. (All of them
+    as floats computed ``_foreach_add(int64 tensors, [3])`` in float32.)"""
     out = []
-    for i in range(n):
+    for i, tp in enumerate(types):
         s = b.reshape(b.slice(param, [i], [i + 1]), ())
-        out.append(ScalarValue(s.name, dtype, float))
+        if tp is not float and tp is not complex and s.dtype != torch.int64:
+            s = b.convert(s, torch.int64)
+        out.append(ScalarValue(s.name, s.dtype, tp))
     return out
 
 
