@@ -167,6 +167,15 @@ def test_foreach_matches_cpu(name):
     assert_close(actual, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int32, torch.float16])
+def test_foreach_max_of_every_dtype(dtype):
+    """The reduction's start value comes from the dtype (a bool has no iinfo: it raised)."""
+    xs = [torch.tensor([1, 0, 1]).to(dtype), torch.tensor([0, 0]).to(dtype), torch.tensor([[5]]).to(dtype)]
+    got = torch._foreach_max([x.to(TPU) for x in xs])
+    for g, w in zip(got, torch._foreach_max(xs)):
+        assert g.dtype == w.dtype and torch.equal(g.cpu(), w)
+
+
 def test_foreach_inplace_is_one_program():
     a, b = _lists(), _lists(offset=0.25)
     ta, tb = [t.to(TPU) for t in a], [t.to(TPU) for t in b]

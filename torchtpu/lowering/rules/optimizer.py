@@ -106,15 +106,27 @@ def _register_foreach() -> None:
 _register_foreach()
 
 
+def _lowest(dtype: torch.dtype) -> Any:
+    if dtype is torch.bool:
+        return False
+    return float("-inf") if is_float(dtype) else torch.iinfo(dtype).min
+
+
+def _highest(dtype: torch.dtype) -> Any:
+    if dtype is torch.bool:
+        return True
+    return float("inf") if is_float(dtype) else torch.iinfo(dtype).max
+
+
 def _reduce_all(L: NodeLowering, x: Value, kind: str) -> Value:
     b = L.b
     dtype = x.dtype
     if kind == "add":
         init = b.constant(0, dtype)
     elif kind == "maximum":
-        init = b.constant(float("-inf") if is_float(dtype) else torch.iinfo(dtype).min, dtype)
+        init = b.constant(_lowest(dtype), dtype)
     else:
-        init = b.constant(float("inf") if is_float(dtype) else torch.iinfo(dtype).max, dtype)
+        init = b.constant(_highest(dtype), dtype)
     (r,) = b.reduce([x], [init], list(range(x.rank)), lambda a, y: [b.binary(kind, a, y)])
     return r
 
