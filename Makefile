@@ -33,13 +33,14 @@ test-all: $(STAMP)
 
 # The whole OpInfo conformance run (every dtype, in-place and out= variants, gradients,
 # every sample; long), in 8 processes (one slice of op_db each), the compiled OpInfo run,
-# every ModuleInfo sample in every way (tests/test_moduleinfo.py), every OptimizerInfo config
+# every ModuleInfo sample in every way (tests/test_moduleinfo.py) and common_nn test
+# (tests/test_nn_tests.py), every OptimizerInfo config
 # eagerly, under DeferAndFuse and compiled (tests/test_optiminfo.py), then the coverage report.
 test-ops: $(STAMP)
 	$(PY) -m pytest tests/test_core_ops.py -q -p no:cacheprovider; rc1=$$?; \
 	$(PY) -m torchtpu.testing.shards 8; rc2=$$?; \
 	$(PY) -m pytest tests/test_opinfo_compile.py -q -p no:cacheprovider -m slow; rc3=$$?; \
-	$(PY) -m pytest tests/test_moduleinfo.py -q -p no:cacheprovider -m slow; rc4=$$?; \
+	$(PY) -m pytest tests/test_moduleinfo.py tests/test_nn_tests.py -q -p no:cacheprovider -m slow; rc4=$$?; \
 	$(PY) -m pytest tests/test_optiminfo.py -q -p no:cacheprovider -m slow; rc5=$$?; \
 	$(PY) -m torchtpu.coverage --from build/opinfo-full.json --markdown build/coverage.md > /dev/null || true; \
 	if [ $$rc1 -ne 0 ]; then exit $$rc1; fi; if [ $$rc2 -ne 0 ]; then exit $$rc2; fi; if [ $$rc3 -ne 0 ]; then exit $$rc3; fi; \
