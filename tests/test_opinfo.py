@@ -26,6 +26,7 @@ import torch
 from opinfo_check import conformance_test
 
 from torchtpu.testing import opinfo
+from torchtpu.testing.observed import SampleFailure
 
 QUICK_SAMPLES = 1
 QUICK = opinfo.cases([torch.float32], ("fwd",))  # the gradients: tests/test_opinfo_grad.py
@@ -88,3 +89,20 @@ def test_frame_walking_extract_test_fn_finds_what_pytorchs_finds() -> None:
         assert unittest.TextTestRunner(stream=devnull).run(TestFoo("test_bar")).wasSuccessful()
     assert found == {"ours": TestFoo.test_bar, "pytorch": TestFoo.test_bar}
     assert opinfo._extract_test_fn() is None and pytorchs() is None
+
+
+def test_the_referee_does_not_pass_what_it_cannot_judge() -> None:
+    """An infinite summed error cannot be compared: a NaN where the CPU overflowed was
+    "no farther from float64" (inf <= inf). Only the elements where tpu and the CPU differ
+    are weighed then: an overflow both have counts for neither."""
+    inf, nan = float("inf"), float("nan")
+    precise = [torch.tensor([1.00006, 1e39], dtype=torch.float64)]
+
+    def judged(actual: list[float], expected: list[float]) -> object:
+        out = opinfo.Outputs([torch.tensor(actual)], [torch.tensor(expected)], lambda: precise)
+        return opinfo.compare(0, out, torch.float32, None)
+
+    assert isinstance(judged([nan, 5.0], [1.0, inf]), SampleFailure)
+    assert isinstance(judged([1.0, -inf], [1.0, inf]), SampleFailure)
+    assert isinstance(judged([1.0001, inf], [1.0, inf]), opinfo.Refereed)  # as close as the CPU, both overflow
+    assert isinstance(judged([1.001, inf], [1.0, inf]), SampleFailure)
