@@ -233,12 +233,14 @@ _EXTREMAL_RDIV_FTZ = (
 )
 _EXTREMAL_F32_SUBNORMALS = (
     "float32 subnormals (+-2.9e-39 in the subnormal sample) compared with the CPU under "
-    "torch.set_flush_denormal(True): XLA:CPU's float32 atan2 and pow read a subnormal operand as zero in some "
-    "steps and not in others, so atan2(+-2.9e-39, +-2.9e-39) is NaN on tpu where the flushed CPU gives atan2(+-0, "
+    "torch.set_flush_denormal(True): XLA:CPU's float32 atan2 and pow give NaN or inf for subnormal operands (not "
+    "traced step by step; its denormals-are-zero seems to reach some steps and not others, as measured for float64 "
+    "libm atan2 above): atan2(+-2.9e-39, +-2.9e-39) is NaN on tpu where the flushed CPU gives atan2(+-0, "
     "+-0) = +-0 or +-pi, and pow with a subnormal exponent (x ** 2.9e-39 for x = NaN, +-inf, +-0, -3.4e38) or a "
     "subnormal base ((-2.9e-39) ** 0.5, (-2.9e-39) ** -2.5) is NaN or inf where the flushed CPU gives pow(x, 0) = 1 "
     "or pow(-0, y) (0, inf). Wrong values at subnormal operands only (every other extremal element matches); the "
-    "float64 atan2 rule already flushes its operands first (flush_subnormal), which would fix these too. Hidden "
+    "float64 atan2 rule already flushes its operands first (flush_subnormal): with +-0 operands tpu gives the "
+    "flushed CPU's values (measured), so flushing would fix these too. Hidden "
     "until session 62 by the referee, which passed inf <= inf"
 )
 _EXTREMAL_RDIV_FTZ_F32 = (
