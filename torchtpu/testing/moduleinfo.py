@@ -187,7 +187,7 @@ def _inputs(sample: Any, device: str | torch.device, dtype: torch.dtype) -> tupl
     return _moved(sample.forward_input.args, device, dtype), _moved(sample.forward_input.kwargs, device, dtype)
 
 
-def _way_context(way: str) -> contextlib.AbstractContextManager[Any]:
+def way_context(way: str) -> contextlib.AbstractContextManager[Any]:
     if way == "defer":
         import torchtpu
 
@@ -215,7 +215,7 @@ def run_module(module: torch.nn.Module, args: Any, kwargs: Any, way: str) -> lis
     """Outputs, gradients (of the arguments that require one, then of the parameters; None
     where unused) and buffers of one call ``module(*args, **kwargs)`` run ``way``, all on
     the host. The gradients are taken for fixed random cotangents (``_cotangents``)."""
-    with _way_context(way):
+    with way_context(way):
         torch.manual_seed(1)
         out = _call(module, args, kwargs, way)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
@@ -248,7 +248,7 @@ def _outputs(info: Any, sample: Any, training: bool, way: str, dtype: torch.dtyp
 # -- one case ----------------------------------------------------------------------------------
 @dataclass
 class Result:
-    case: Any  # a Case of this module's or of nn_tests'
+    case: Any  # a Case of this module's, of nn_tests' or of optiminfo's
     status: str  # pass | fail | xfail | xpass | skip
     detail: str = ""
     samples: int = 0

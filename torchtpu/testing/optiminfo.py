@@ -58,7 +58,8 @@ from typing import Any
 import torch
 
 from ..runner import checks
-from .observed import Entry, SampleFailure, judge
+from .moduleinfo import Expected, Result, way_context
+from .observed import SampleFailure, judge
 from .opinfo import TPU, Outputs, Refereed, _failure, _first_line, compare
 
 WAYS = ("eager", "defer", "compile")
@@ -116,14 +117,6 @@ class Case:
         if self.config < 0:
             return f"{self.optimizer}-errors"
         return f"{configs(self.optimizer)[self.config].name}-{self.way}"
-
-
-@dataclass(frozen=True)
-class Expected:
-    """An expected failure: what fails (the recorded signature) and why, measured."""
-
-    observed: Entry
-    reason: str
 
 
 # Keyed by Case.key; recorded with the seeds the harness fixes (a step index names the
@@ -279,14 +272,6 @@ def _capturable_on_cpu() -> Iterator[None]:
             m._get_capturable_supported_devices = original  # type: ignore[attr-defined]
 
 
-def _way_context(way: str) -> contextlib.AbstractContextManager[Any]:
-    if way == "defer":
-        import torchtpu
-
-        return torchtpu.eager_mode("defer_and_fuse")
-    return contextlib.nullcontext()
-
-
 def _flat(value: Any) -> list[Any]:
     if isinstance(value, (tuple, list)):
         return [x for v in value for x in _flat(v)]
@@ -362,7 +347,7 @@ def _run(config: Config, device: str | torch.device, dtype: torch.dtype, way: st
     kwargs = _moved_kwargs(config.kwargs, torch.float64 if wide else torch.float32)
     capturable = kwargs.get("capturable") and torch.device(device).type == "cpu"
     snapshots: list[Snapshot] = []
-    with _capturable_on_cpu() if capturable else contextlib.nullcontext(), _way_context(way):
+    with _capturable_on_cpu() if capturable else contextlib.nullcontext(), way_context(way):
         opt = info.optim_cls(params, **kwargs)
         schedulers = [] if config.schedulers is None else [make(opt) for make in info.scheduler_inputs[config.schedulers]]
         step = _stepper(opt, way)
@@ -437,16 +422,6 @@ def _through_the_last_step(params: list[torch.Tensor], wrt: list[tuple[str, torc
 
 
 # -- one case ----------------------------------------------------------------------------------
-@dataclass
-class Result:
-    case: Case
-    status: str  # pass | fail | xfail | xpass | skip
-    detail: str = ""
-    samples: int = 0  # steps (and error inputs) compared
-    refereed: int = 0  # steps beyond the tolerance that the float64 referee passed
-    seconds: float = 0.0
-
-
 def _as_on_tpu(message: str) -> str:
     """A CPU error message as PyTorch words it for a tpu tensor (device and type names, and
     the compile backend of ``_reference_way``)."""
