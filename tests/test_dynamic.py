@@ -287,6 +287,28 @@ def test_a_python_int_argument_after_mark_dynamic() -> None:
             assert_close(compiled(x.to(TPU), s), x * s)
 
 
+def test_a_number_a_bucketed_graph_computes_from_an_int_argument_is_exact() -> None:
+    """A changing int argument becomes a symbol of the automatic dynamic graph, and the
+    graph is bucketed: the number it returns (``n + 1``, here a counter in a dict, as
+    LBFGS's ``state["func_evals"] += 1``) was computed from the bucket (7 -> 8 gave 9)."""
+    counter = {"n": 0}
+
+    def step(state: dict, x: torch.Tensor) -> torch.Tensor:
+        state["n"] += 1
+        return x.abs().max() <= 1e-7, x.view(-1) * 2, x.shape[0] * state["n"]
+
+    compiled = torch.compile(step, backend="tpu")
+    x = torch.randn(4, 3)
+    expected = {"n": 0}
+    for _ in range(6):
+        counter["n"] += 3
+        expected["n"] += 3
+        got, want = compiled(counter, x.to(TPU)), step(expected, x)
+        assert counter == expected
+        assert got[2] == want[2]
+        assert_close(got[1], want[1])
+
+
 # -- jagged ids: embedding_bag on padded ids (bags mask the positions past the true length) --
 def _bags(g: torch.Generator, n_bags: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Bags of 1..3 ids: the flat ids and the bags' offsets (the total varies per call)."""

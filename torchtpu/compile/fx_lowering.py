@@ -561,9 +561,11 @@ class CompiledGraph:
         if prog.dynamic_dims is None:
             prog.dynamic_dims = [_dynamic_dims(spec, self.plan.symbols) for spec in prog.outputs]
         out = []
-        for spec, dims, r in zip(prog.outputs, prog.dynamic_dims, results):
+        for node, spec, dims, r in zip(self.output_args, prog.outputs, prog.dynamic_dims, results):
             if spec[0] == "input":
                 r = args[spec[1]]
+            elif spec[0] == "const":  # a number the program's build computed from the buckets
+                r = self._number_at(node, r, lengths)
             elif spec[0] == "view":  # of the caller's input, not of its padded stand-in
                 r = self._view(spec, args)
             elif dims and isinstance(r, torch.Tensor):
@@ -579,6 +581,16 @@ class CompiledGraph:
                     mark_rows(r, sizes[grown[0]], grown[0])
             out.append(r)
         return out
+
+    def _number_at(self, node: Any, built: Any, lengths: list[int]) -> Any:
+        """A number the graph returns (``n + 1`` of a SymInt input ``n``, a size's product)
+        for this call's true lengths: the program was built, and its constants computed,
+        with each symbol at its bucket."""
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return built
+        exact = val.node.expr.xreplace(dict(zip(self.plan.symbols, lengths)))
+        return bool(exact) if isinstance(val, torch.SymBool) else type(built)(exact)
 
     # -- recording under DeferAndFuse ---------------------------------------------------------
     def _record(self, key: tuple, call: _Call) -> list[Any]:
