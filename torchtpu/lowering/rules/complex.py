@@ -88,11 +88,9 @@ def angle(L: NodeLowering, x: Value) -> Value:
     b = L.b
     if is_complex(x.dtype):
         re, im = real(L, x), imag(L, x)
-        if re.dtype is torch.float64 and L.ctx.platform == "cpu":
-            from .elementwise import flush_subnormal  # elementwise imports this module
+        from .elementwise import flushed_on_cpu  # elementwise imports this module
 
-            re, im = flush_subnormal(L, re), flush_subnormal(L, im)
-        return b.binary("atan2", im, re)
+        return b.binary("atan2", *flushed_on_cpu(L, im, re))
     # real input: pi for negative numbers, 0 otherwise, NaN stays NaN (as on the CPU)
     x = L.to(x, out)
     pi = b.select(b.compare(x, L.zeros(x.shape, out), "LT"), L.full(math.pi, x.shape, out), L.zeros(x.shape, out))

@@ -94,7 +94,12 @@ _INT_OK = {aten.abs, aten.neg, aten.floor, aten.ceil, aten.round}
 # CHLO expansions whose float32 form is far less accurate than the CPU's libm, computed in
 # float64 where the platform has it: chlo.lgamma's absolute error on [-6, 6] reaches 4.7e-6
 # (glibc's lgammaf: 4.5e-7), which sums of lgamma (mvlgamma) turn into 3e-4 relative.
-_WIDE_IN_F64 = {"chlo.lgamma"}
+# chlo.sinh and chlo.cosh were up to 8.7 ulp off on [-10, 10] and 24 ulp on [10, 89] (the
+# CPU's: 0.9 and 0.5; CUDA documents 3 and 2): cosh(55) 12 ulp, beyond the float32
+# tolerance; chlo.erfc up to 10.7 ulp on [-3, 3] (the CPU's 0.8, CUDA's 4). They are rare
+# in models, so their float64 cost is too. (tanh 4.2, erf 4.8, erfinv 4.4 and expm1 5.3 ulp
+# stay in float32: they are activations, on every step's path; docs/conformance.md, "Accuracy of float32 functions".)
+_WIDE_IN_F64 = {"chlo.lgamma", "chlo.sinh", "chlo.cosh", "chlo.erfc"}
 
 
 def _unary(hlo: str, int_ok: bool) -> Any:
@@ -406,7 +411,7 @@ def pow_(L: NodeLowering, x: Any, y: Any) -> Value:
         return _int_power(L, x, y)
     if is_complex(out):
         return complex_power(L, x, y)
-    return L.b.binary("power", x, y)
+    return L.b.binary("power", *flushed_on_cpu(L, x, y))
 
 
 def _int_power(L: NodeLowering, x: Value, y: Value) -> Value:
@@ -452,21 +457,35 @@ def _check_int_exponent(L: NodeLowering, y: Any) -> None:
 @register(aten.atan2.default)
 def atan2(L: NodeLowering, x: Any, y: Any) -> Value:
     x, y = L.promote(x, y, dtype=L.out[0].dtype)
-    if x.dtype is torch.float64 and L.ctx.platform == "cpu":
-        x, y = flush_subnormal(L, x), flush_subnormal(L, y)
-    return L.b.binary("atan2", x, y)
+    return L.b.binary("atan2", *flushed_on_cpu(L, x, y))
+
+
+def flushed_on_cpu(L: NodeLowering, *operands: Value) -> list[Value]:
+    """Real floating operands with their subnormals flushed where XLA:CPU computes (its
+    arithmetic reads subnormals as zeros, but not every step of atan2 and pow does).
+    float16 is left alone: its subnormals widen to normal float32s, on the CPU too."""
+    if operands[0].dtype not in _BITS or L.ctx.platform != "cpu":
+        return list(operands)
+    return [flush_subnormal(L, v) for v in operands]
+
+
+# the integer type of a float's width: its bits, for flush_subnormal
+_BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16}
 
 
 def flush_subnormal(L: NodeLowering, v: Value) -> Value:
-    """A float64 ``v`` with its subnormals replaced by zeros of their sign, as XLA:CPU's
-    denormals-are-zero arithmetic reads them (atan2 and complex angle). XLA's float64 atan2
-    calls libm's, which tests some operands by their bits and others by float compares, so
-    a subnormal is half zero and half not: atan2(2^-1024, -1) came out -pi (pi whether
-    flushed or not), and atan2(2^-1024, 2^-1024) pi/2 (0 flushed, pi/4 exact)."""
+    """A real floating ``v`` with its subnormals replaced by zeros of their sign, as
+    XLA:CPU's denormals-are-zero arithmetic reads them (atan2, pow and complex angle).
+    Those functions test some operands by their bits and others by float compares, so a
+    subnormal was half zero and half not: float64 atan2(2^-1024, -1) came out -pi (pi
+    whether flushed or not) and atan2(2^-1024, 2^-1024) pi/2 (0 flushed, pi/4 exact);
+    float32 atan2(2.9e-39, 2.9e-39) NaN, pow(2.9e-39, 0.5) 2.6e-23 (0 flushed, 5.4e-20
+    exact)."""
     b = L.b
-    itype = torch.int64
+    itype = _BITS[v.dtype]
+    sign_bit = -(1 << (torch.iinfo(itype).bits - 1))
     bits = b.bitcast_convert(v, v.shape, itype)
-    signed_zero = b.bitcast_convert(b.binary("and", bits, L.full(-(1 << 63), v.shape, itype)), v.shape, v.dtype)
+    signed_zero = b.bitcast_convert(b.binary("and", bits, L.full(sign_bit, v.shape, itype)), v.shape, v.dtype)
     tiny = b.compare(b.unary("abs", v), L.full(torch.finfo(v.dtype).tiny, v.shape, v.dtype), "LT")
     return b.select(tiny, signed_zero, v)
 
