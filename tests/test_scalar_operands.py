@@ -116,3 +116,19 @@ def test_scalar_list_numbers_keep_their_types(name: str, mode: str) -> None:
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
         assert torch.equal(g, w), (g, w)
+
+
+def test_a_bool_tensor_to_a_bool_power_stays_bool() -> None:
+    """pow(bool tensor, True) is bool on the CPU and CUDA (their kernel's result type is
+    result_type(base, exponent)); PyTorch's Python meta function said int64, and so did tpu.
+    x ** y of bools is x or not y. A bool to an int power is int64 everywhere."""
+    b = torch.tensor([True, False])
+    for exponent in (True, False, 2, 2.5):
+        want = torch.pow(b, exponent)
+        got = torch.pow(b.to("tpu"), exponent)
+        assert got.dtype == want.dtype, exponent
+        assert torch.equal(got.cpu(), want), exponent
+        (got_list,) = torch._foreach_pow([b.to("tpu")], exponent)
+        assert got_list.dtype == want.dtype and torch.equal(got_list.cpu(), want), exponent
+    compiled = torch.compile(lambda t: torch.pow(t, True), backend="tpu")(b.to("tpu"))
+    assert compiled.dtype == torch.bool and torch.equal(compiled.cpu(), b)

@@ -12,7 +12,7 @@ import torch
 from ...stablehlo.builder import Value
 from ...stablehlo.types import is_complex, is_float, is_unsigned
 from ..context import NodeLowering, ScalarValue, TensorSpec
-from ..registry import register
+from ..registry import register, register_meta
 from .complex import COMPLEX_FIXED, complex_power, complex_power_scalar, complex_unary, conj, imag, make_complex, modulus, real
 from .reduction import acc_dtype
 
@@ -407,11 +407,26 @@ def pow_(L: NodeLowering, x: Any, y: Any) -> Value:
     if is_complex(out) and L.op is aten.pow.Tensor_Scalar:
         return complex_power_scalar(L, L.to(x, out), y)
     x, y = L.promote(x, y, dtype=out)
+    if out is torch.bool:  # a bool to a bool power (_pow_scalar_meta): x ** y is x or not y
+        return L.b.binary("or", x, L.b.unary("not", y))
     if _integral(out):
         return _int_power(L, x, y)
     if is_complex(out):
         return complex_power(L, x, y)
     return L.b.binary("power", *flushed_on_cpu(L, x, y))
+
+
+@register_meta(aten.pow.Tensor_Scalar)
+def _pow_scalar_meta(base: torch.Tensor, exponent: Any) -> torch.Tensor:
+    """The CPU's and CUDA's pow(tensor, number) is a structured kernel whose result type
+    is ``result_type(base, exponent)``: a bool tensor to a bool power stays bool. PyTorch's
+    Python meta function promotes bool to int64 (its reference's BOOL_TO_LONG)."""
+    return torch.empty_like(base, dtype=torch.result_type(base, exponent))
+
+
+@register_meta(aten._foreach_pow.Scalar)
+def _foreach_pow_scalar_meta(bases: list[torch.Tensor], exponent: Any) -> list[torch.Tensor]:
+    return [_pow_scalar_meta(b, exponent) for b in bases]
 
 
 def _int_power(L: NodeLowering, x: Value, y: Value) -> Value:
