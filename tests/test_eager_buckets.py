@@ -355,19 +355,41 @@ def test_lengths_that_equal_static_sizes(mode: str) -> None:
 
 
 def test_index_add_of_a_source_padded_outside_dim_runs_exact(mode: str, fresh_upload_history: None) -> None:
-    """A feature vector uploaded at varying lengths gets a twin, so ``v[None] * w`` is
-    padded along v's length: a [1, 8] result over [1, cap] rows (nn.LinearCrossEntropyLoss
-    on unbatched inputs). index_add_ of it along dim 0 into an exact [4, 8] tensor must not
-    pad: the meta kernel does not compare source and self (the CPU kernel does), and the
-    padded program failed to lower ("source tensor shape must match self tensor shape")."""
+    """An id vector uploaded at varying lengths gets a twin, so ``v[None] * w`` is padded
+    along v's length: a [1, 8] result over [1, cap] rows (found with a float feature vector
+    in nn.LinearCrossEntropyLoss on unbatched inputs; float uploads no longer run padded
+    outside the ops that name their padded arguments). index_add_ of it along dim 0 into
+    an exact [4, 8] tensor must not pad: the meta kernel does not compare source and self
+    (the CPU kernel does), and the padded program failed to lower ("source tensor shape
+    must match self tensor shape")."""
     for n in (5, 9):
-        torch.rand(n).to("tpu")
-    v, w, into = torch.rand(8), torch.rand(1, 1), torch.rand(4, 8)  # w: 2-d, no twin
+        torch.randint(0, 9, (n,)).to("tpu")
+    g = torch.Generator().manual_seed(0)
+    v, w, into = (torch.randint(0, 9, shape, generator=g) for shape in ((8,), (1, 1), (4, 8)))  # w: 2-d, no twin
     on_tpu = v.to("tpu")
     src = on_tpu[None] * w.to("tpu")
     assert twin_of(on_tpu) is not None and src.stride() == (512, 1)  # src is a padded result
     got = into.to("tpu").index_add_(0, torch.tensor([2]).to("tpu"), src, alpha=-1)
     torch.testing.assert_close(got.cpu(), into.index_add(0, torch.tensor([2]), v[None] * w, alpha=-1))
+
+
+def test_a_float_upload_of_varying_length_is_read_at_its_length(mode: str, fresh_upload_history: None) -> None:
+    """Float 1-d uploads whose lengths vary within a bucket (OpInfo's samples: layer norm
+    weights of length 2, then 1) got twins that every padding-safe op read padded: a layer
+    norm's weight of length 1 went in as 512 rows against normalized_shape [1], which XLA
+    refused to compile and, after other calls, gave values 123 off. Ops that do not name
+    their padded arguments read float uploads at their length. (Compared with float64: at
+    length 1 the weight's gradient is exactly 0, which tpu gives; the CPU's kernel 2.3e-5.)"""
+    g = torch.Generator().manual_seed(0)
+    for rows, n in ((1, 2), (3, 1), (0, 1)):  # an empty batch: PyTorch's meta kernels then check nothing
+        x, w, b = torch.randn(rows, n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g)
+        xt, wt, bt = (t.to("tpu").requires_grad_() for t in (x, w, b))
+        xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
+        yt = torch.nn.functional.layer_norm(xt, (n,), wt, bt)
+        yd = torch.nn.functional.layer_norm(xd, (n,), wd, bd)
+        torch.testing.assert_close(yt.cpu(), yd.float())
+        for a, d in zip(torch.autograd.grad(yt.sum() * 2, (xt, wt, bt)), torch.autograd.grad(yd.sum() * 2, (xd, wd, bd))):
+            torch.testing.assert_close(a.cpu(), d.float())
 
 
 def test_a_padded_calls_meta_checks_run_once_per_geometry(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:

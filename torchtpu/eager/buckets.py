@@ -411,6 +411,13 @@ def _with_twins(plan: OpPlan, values: list[Any], paddable: set[str] | None) -> l
     def swap(name: str, t: Any) -> Any:
         if not isinstance(t, torch.Tensor) or id(t) in written or (paddable is not None and name not in paddable):
             return t
+        if paddable is None and (t.is_floating_point() or t.is_complex()):
+            # a float upload's length is not a count the op pads along: padded, a layer
+            # norm's weight (length 1, after uploads of length 2) read 512 rows against
+            # normalized_shape [1] (an XLA error, or wrong values after other calls). Only
+            # the ops that name their padded arguments (_PADDABLE: per_sample_weights) read
+            # a float twin; elementwise ops read ids' twins
+            return t
         twin = _twin_view(t)
         return t if twin is None else twin
 
