@@ -106,3 +106,18 @@ def test_the_referee_does_not_pass_what_it_cannot_judge() -> None:
     assert isinstance(judged([1.0, -inf], [1.0, inf]), SampleFailure)
     assert isinstance(judged([1.0001, inf], [1.0, inf]), opinfo.Refereed)  # as close as the CPU, both overflow
     assert isinstance(judged([1.001, inf], [1.0, inf]), SampleFailure)
+
+
+def test_an_overflow_to_the_right_infinity_is_no_error() -> None:
+    """A result that overflows its dtype where the exact value does (float16 matrix_exp: an
+    entry of 1.2e5 is inf in float16) is correctly rounded, not infinitely far from float64:
+    tpu's finite entries and that inf beat the CPU's all-NaN result. The wrong infinity
+    still counts."""
+    precise = [torch.tensor([1.5, 1.2e5], dtype=torch.float64)]
+
+    def judged(actual: list[float]) -> object:
+        out = opinfo.Outputs([torch.tensor(actual, dtype=torch.float16)], [torch.tensor([float("nan")] * 2, dtype=torch.float16)], lambda: precise)
+        return opinfo.compare(0, out, torch.float16, None)
+
+    assert isinstance(judged([1.5, float("inf")]), opinfo.Refereed)
+    assert isinstance(judged([1.5, -float("inf")]), SampleFailure)
