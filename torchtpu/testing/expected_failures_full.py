@@ -1612,7 +1612,6 @@ OBSERVED: dict[Key, Entry] = {
         error="torchtpu: operator 'aten::segment_reduce' is not implemented for the tpu device. To get by, set TORCHTPU_CPU_FALLBACK=1 to run it on the host (slow: the inputs are copied to the CPU and back), or move",
     ),
     ("abs", "complex128", "extremal"): Observed("mismatch", (4,), max_abs=float("inf"), max_rel=float("inf")),
-    ("abs", "complex64", "extremal"): Observed("mismatch", (4,), max_abs=float("inf"), max_rel=float("inf")),
     ("add", "complex128", "extremal"): Observed("mismatch", (2, 4, 5), max_abs=float("inf"), max_rel=float("inf")),
     ("add", "complex64", "extremal"): Observed("mismatch", (2, 4, 5), max_abs=float("inf"), max_rel=float("inf")),
     ("addbmm", "bfloat16", "inplace"): Observed("error", (1, 3, 4, 5), error="RuntimeError: output with shape ["),
@@ -2066,8 +2065,6 @@ OBSERVED: dict[Key, Entry] = {
         ),
         error="torchtpu: operator 'aten::histogram.bin",
     ),
-    ("hypot", "bfloat16", "extremal"): Observed("mismatch", (5,), max_abs=float("inf"), max_rel=float("inf")),
-    ("hypot", "float32", "extremal"): Observed("mismatch", (5,), max_abs=float("inf"), max_rel=float("inf")),
     ("hypot", "float64", "extremal"): Observed("mismatch", (5,), max_abs=float("inf"), max_rel=float("inf")),
     ("istft", "complex128", "grad"): Observed("mismatch", (8, 9), max_abs=4.62833931607584, max_rel=float("inf")),
     ("kthvalue", "float32", "errors"): Observed(
