@@ -595,9 +595,9 @@ def _overflowed_alike(result: torch.Tensor, reference: torch.Tensor) -> torch.Te
     (float16 matrix_exp's 1.2e5 is inf in float16; the CPU's whole result was NaN)."""
     if not (result.is_floating_point() and reference.is_floating_point()) or reference.dtype == result.dtype:
         return reference
-    rounded = reference.to(result.dtype)
-    same_infinity = rounded.isinf() & (result.cpu() == rounded)
-    return torch.where(same_infinity, result.cpu().to(reference.dtype), reference)
+    result, rounded = result.cpu(), reference.to(result.dtype)
+    same_infinity = rounded.isinf() & (result == rounded)
+    return torch.where(same_infinity, result.to(reference.dtype), reference)
 
 
 def _mismatch(index: int, actual: list[Any], expected: list[Any], override: Tolerance | None, message: str) -> SampleFailure:

@@ -100,6 +100,11 @@ _INT_OK = {aten.abs, aten.neg, aten.floor, aten.ceil, aten.round}
 # in models, so their float64 cost is too. (tanh 4.2, erf 4.8, erfinv 4.4 and expm1 5.3 ulp
 # stay in float32: they are activations, on every step's path; docs/conformance.md, "Accuracy of float32 functions".)
 _WIDE_IN_F64 = {"chlo.lgamma", "chlo.sinh", "chlo.cosh", "chlo.erfc"}
+# ops whose operand's subnormals are flushed first on the CPU platform (flushed_on_cpu):
+# XLA:CPU's float32 log reads a subnormal as zero in its vector loop and by its bits in the
+# loop's scalar tail: log(2.9e-39) was -inf or -103.97 (exact -88.72) by the element's
+# position in a 14-element tensor
+_FLUSHED_ON_CPU = {"stablehlo.log"}
 
 
 def _unary(hlo: str, int_ok: bool) -> Any:
@@ -116,10 +121,7 @@ def _unary(hlo: str, int_ok: bool) -> Any:
         x = L.to(x, out)
         if is_complex(x.dtype) and hlo in COMPLEX_FIXED:
             return complex_unary(L, hlo, x)
-        if hlo == "stablehlo.log":
-            # XLA:CPU's float32 log reads a subnormal as zero in its vector loop and by its
-            # bits in the loop's scalar tail: log(2.9e-39) was -inf or -103.97 (exact
-            # -88.72) by the element's position in a 14-element tensor
+        if hlo in _FLUSHED_ON_CPU:
             (x,) = flushed_on_cpu(L, x)
         if hlo in _WIDE_IN_F64 and out in (torch.float32, *_HALF) and L.ctx.supports_f64:
             return L.to(L.b.op1(hlo, [L.to(x, torch.float64)], x.shape, torch.float64), out)
